@@ -1,0 +1,106 @@
+"""What the decorator and the DRF mixin share: run one view call through the protocol.
+
+Also the ``ATOMIC_REQUESTS`` handling (SPEC §4): idempotent views are marked
+non-atomic so the claim commits on its own, and every path that Django would have
+wrapped in ``atomic()`` is wrapped here instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import ExitStack
+from typing import Any
+
+from django.db import connections, transaction
+from django.http import HttpRequest
+from django.http.response import HttpResponseBase
+
+from . import protocol
+from .options import Options
+
+
+class AllDatabases(set[str]):
+    """A ``_non_atomic_requests`` set that contains every database alias.
+
+    Django's handler skips ``ATOMIC_REQUESTS`` for aliases in this set; the decorator
+    cannot know the aliases at import time, so it claims them all.
+    """
+
+    def __contains__(self, alias: object) -> bool:
+        return True
+
+
+def mark_non_atomic(view: Any) -> Any:
+    """Exempt ``view`` from ``ATOMIC_REQUESTS`` on every database; returns ``view``."""
+    view._non_atomic_requests = AllDatabases()
+    return view
+
+
+def atomic_requests_blocks(exclude: str | None = None) -> ExitStack:
+    """``atomic()`` for each database with ``ATOMIC_REQUESTS`` (but ``exclude``).
+
+    These are the blocks Django's handler would have opened had the view not been
+    marked non-atomic.
+    """
+    stack = ExitStack()
+    for connection in connections.all():
+        if connection.settings_dict.get("ATOMIC_REQUESTS") and connection.alias != exclude:
+            stack.enter_context(transaction.atomic(using=connection.alias))
+    return stack
+
+
+def find_request(args: tuple[Any, ...]) -> Any:
+    """The request among a view's first positional arguments (function or method).
+
+    Raises:
+        TypeError: none of the first two arguments is a request.
+    """
+    for arg in args[:2]:
+        if isinstance(arg, HttpRequest) or hasattr(arg, "_request"):
+            return arg
+    raise TypeError(
+        "@idempotent could not find the request: decorate a view function "
+        "(request, ...) or a view method (self, request, ...)."
+    )
+
+
+def make_finalizer(
+    request: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Callable[[HttpResponseBase], HttpResponseBase]:
+    """A function that turns a view's response into final bytes before it is stored.
+
+    For DRF it runs the view's ``finalize_response`` (content negotiation, renderer,
+    default headers) exactly as DRF will; for template responses it renders them.
+    """
+    view = (getattr(request, "parser_context", None) or {}).get("view")
+
+    def finalize(response: HttpResponseBase) -> HttpResponseBase:
+        if view is not None and hasattr(view, "finalize_response"):
+            response = view.finalize_response(request, response, *args, **kwargs)
+        render = getattr(response, "render", None)
+        if callable(render) and not getattr(response, "is_rendered", True):
+            response = render() or response
+        return response
+
+    return finalize
+
+
+def run(
+    request: Any,
+    options: Options,
+    view_name: str,
+    call: Callable[[], HttpResponseBase],
+    finalize: Callable[[HttpResponseBase], HttpResponseBase],
+) -> HttpResponseBase:
+    """Run ``call`` (the view) under the idempotency protocol and return the response."""
+    decision = protocol.begin(request, options, view_name=view_name)
+    if isinstance(decision, protocol.Respond):
+        return decision.response
+    if isinstance(decision, protocol.Bypass):
+        protocol.attach(request, None)
+        with atomic_requests_blocks():
+            return call()
+    # Other databases with ATOMIC_REQUESTS keep their per-request transaction; the
+    # record's database gets the view's own block, opened after the claim committed.
+    with atomic_requests_blocks(exclude=decision.claim.using):
+        return protocol.execute(decision, request, call, finalize)

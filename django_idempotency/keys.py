@@ -1,0 +1,82 @@
+"""Parse and validate the ``Idempotency-Key`` request header.
+
+Two spellings are accepted (SPEC §2):
+
+* the IETF draft's Structured Field String (draft-ietf-httpapi-idempotency-key-header
+  §2, RFC 9651 §3.3.3), e.g. ``"8e03978e-40d5-43e8-bc93-6894a57f9324"``, parsed with
+  the ``http-sfv`` library;
+* a bare value, Stripe style, e.g. ``8e03978e-40d5-43e8-bc93-6894a57f9324``.
+
+Both name the same key: ``"abc"`` and ``abc`` are one key.
+"""
+
+from __future__ import annotations
+
+import http_sfv
+
+HEADER = "Idempotency-Key"
+
+
+class InvalidKey(ValueError):
+    """The header is present but unusable; ``str(exc)`` is the client-facing detail."""
+
+
+def _check_chars(value: str, *, allow_space: bool) -> None:
+    low = 0x20 if allow_space else 0x21
+    for char in value:
+        if not low <= ord(char) <= 0x7E:
+            raise InvalidKey(
+                f"The Idempotency-Key must be printable ASCII; it contains the character {char!r}."
+            )
+
+
+def parse_key(raw: str | None, *, max_length: int) -> str | None:
+    """Return the key carried by a raw header value, or ``None`` when there is none.
+
+    Args:
+        raw: the header value as received (``None`` or empty when absent).
+        max_length: longest accepted key, in characters.
+
+    Returns:
+        The key as a ``str`` of 1..``max_length`` printable ASCII characters.
+
+    Raises:
+        InvalidKey: the value is empty after trimming, too long, not printable ASCII,
+            an unparseable Structured Field, or looks like several header lines joined
+            by a comma (the header may appear only once).
+    """
+    if raw is None:
+        return None
+    value = raw.strip(" \t")
+    if not value:
+        raise InvalidKey("The Idempotency-Key header is empty; send 1 or more characters.")
+    if value.startswith('"'):
+        item = http_sfv.Item()
+        try:
+            item.parse(value.encode("ascii"))
+        except (ValueError, UnicodeEncodeError) as exc:
+            raise InvalidKey(
+                "The Idempotency-Key is not a valid Structured Field String "
+                f"(RFC 9651 §3.3.3): {exc}. Send one header with one quoted value, "
+                'e.g. Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324".'
+            ) from None
+        if not isinstance(item.value, str):
+            raise InvalidKey("The Idempotency-Key must be a string.")
+        key = item.value
+        _check_chars(key, allow_space=True)
+    else:
+        if "," in value:
+            raise InvalidKey(
+                "The Idempotency-Key header appears more than once or contains a comma; "
+                "send exactly one key."
+            )
+        _check_chars(value, allow_space=False)
+        key = value
+    if not key:
+        raise InvalidKey("The Idempotency-Key is empty; send 1 or more characters.")
+    if len(key) > max_length:
+        raise InvalidKey(
+            f"The Idempotency-Key is {len(key)} characters long; the limit is "
+            f"{max_length}. A UUID (36 characters) is a good key."
+        )
+    return key

@@ -1,0 +1,124 @@
+"""Per-view options of ``@idempotent(...)`` and ``IdempotentMixin``, merged with settings."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, fields
+from typing import Any
+
+from .conf import conf
+
+PrincipalResolver = Callable[[Any], "str | None"]
+ReleasePredicate = Callable[[int], bool]
+
+
+@dataclass(frozen=True)
+class Options:
+    """What a view chose; ``None`` means "use the ``IDEMPOTENCY`` setting".
+
+    Attributes:
+        required: a missing key is a 400 (``True``) or runs unprotected (``False``).
+        lease: seconds an in-flight claim holds off duplicates (heartbeats extend it).
+        retention: seconds a completed response is replayed (Stripe: 24 h; provisioning
+            endpoints often use 7 days).
+        wait: seconds a duplicate waits for the original to finish before a 409.
+        replay_headers: extra response headers to store and replay.
+        fingerprint_exclude: body fields left out of the fingerprint (dotted paths).
+        fingerprint_headers: request headers that are part of the fingerprint.
+        principal: ``callable(request) -> str | None``; ``None`` refuses the request.
+        endpoint: a fixed endpoint name instead of "METHOD /route".
+        release: ``callable(status) -> bool``: release (``True``) or store the response.
+    """
+
+    required: bool | None = None
+    lease: float | None = None
+    retention: float | None = None
+    wait: float | None = None
+    replay_headers: tuple[str, ...] = ()
+    fingerprint_exclude: tuple[str, ...] = ()
+    fingerprint_headers: tuple[str, ...] = ()
+    principal: PrincipalResolver | None = None
+    endpoint: str | None = None
+    release: ReleasePredicate | None = None
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> Options:
+        """Build from decorator keyword arguments.
+
+        Raises:
+            TypeError: an unknown option name, or a duration that is not positive.
+        """
+        names = {f.name for f in fields(cls)}
+        unknown = set(kwargs) - names
+        if unknown:
+            raise TypeError(
+                f"Unknown idempotency option(s): {', '.join(sorted(unknown))}. "
+                f"Known: {', '.join(sorted(names))}."
+            )
+        for name in ("lease", "retention"):
+            value = kwargs.get(name)
+            if value is not None and not float(value) > 0:
+                raise TypeError(f"{name} must be a positive number of seconds, not {value!r}")
+        if kwargs.get("wait") is not None and float(kwargs["wait"]) < 0:
+            raise TypeError(f"wait must be 0 or more seconds, not {kwargs['wait']!r}")
+        for name in ("replay_headers", "fingerprint_exclude", "fingerprint_headers"):
+            if name in kwargs:
+                value = kwargs[name]
+                if isinstance(value, str):
+                    raise TypeError(f"{name} takes a list of strings, not one string")
+                kwargs[name] = tuple(value)
+        return cls(**kwargs)
+
+    def merged(self, other: Options) -> Options:
+        """These options with ``other``'s non-default values on top."""
+        values = {}
+        for f in fields(self):
+            mine, theirs = getattr(self, f.name), getattr(other, f.name)
+            values[f.name] = theirs if theirs not in (None, ()) else mine
+        return Options(**values)
+
+    # Effective values: the view's choice, else the setting, read now.
+
+    def get_required(self) -> bool:
+        """Effective ``required``."""
+        return conf.required if self.required is None else self.required
+
+    def get_lease(self) -> float:
+        """Effective lease, seconds."""
+        return conf.lease if self.lease is None else float(self.lease)
+
+    def get_retention(self) -> float:
+        """Effective retention window, seconds."""
+        return conf.retention if self.retention is None else float(self.retention)
+
+    def get_wait(self) -> float:
+        """Effective in-flight wait, seconds."""
+        return conf.wait if self.wait is None else float(self.wait)
+
+    def get_replay_headers(self) -> Iterable[str]:
+        """Extra replayed headers: the setting's plus the view's."""
+        return (*conf.replay_headers, *self.replay_headers)
+
+    def get_fingerprint_exclude(self) -> Iterable[str]:
+        """Fields left out of the fingerprint: the setting's plus the view's."""
+        return (*conf.fingerprint_exclude, *self.fingerprint_exclude)
+
+    def get_fingerprint_headers(self) -> Iterable[str]:
+        """Headers in the fingerprint: the setting's plus the view's."""
+        return (*conf.fingerprint_headers, *self.fingerprint_headers)
+
+    def get_principal(self) -> PrincipalResolver:
+        """Effective principal resolver."""
+        return self.principal or conf.principal_resolver
+
+    def should_release(self, status: int) -> bool:
+        """Whether a returned ``status`` releases the key instead of being stored.
+
+        Default rule (SPEC §4): every 5xx and the ``RELEASE_STATUSES`` setting
+        (408, 409, 425, 429). A view's ``release`` or the ``RELEASE_PREDICATE``
+        setting replaces the rule.
+        """
+        predicate = self.release or conf.release_predicate
+        if predicate is not None:
+            return bool(predicate(status))
+        return status >= 500 or status in conf.release_statuses

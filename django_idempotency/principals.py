@@ -1,0 +1,44 @@
+"""Principal resolvers: who a request runs as (SPEC §3).
+
+A resolver is ``callable(request) -> str | None``. ``None`` means "no principal that
+can scope a key safely": the request is refused with 401 when it carries a key. Two
+principals never share records, so the resolver must return a value that is stable for
+one identity and distinct between identities. Configure one with
+``IDEMPOTENCY["PRINCIPAL_RESOLVER"]`` (dotted path) or per view (``principal=``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+
+def user_principal(request: Any) -> str | None:
+    """The authenticated user as ``"<app_label>.<model>:<pk>"``; ``None`` if anonymous.
+
+    Args:
+        request: a Django ``HttpRequest`` or DRF ``Request`` with ``.user``.
+    """
+    user = getattr(request, "user", None)
+    if user is None or not getattr(user, "is_authenticated", False):
+        return None
+    return f"{user._meta.label_lower}:{user.pk}"
+
+
+def auth_token_principal(request: Any) -> str | None:
+    """The credential the request authenticated with (DRF's ``request.auth``).
+
+    Scopes keys per API token rather than per user, so two tokens of one user are two
+    principals (Stripe scopes per account; use :func:`user_principal` for that).
+    Token objects are named by model label and primary key; string credentials
+    (JWTs, API keys) by their SHA-256, so no secret is stored. Falls back to ``None``
+    (refused) when the request carries no credential.
+    """
+    auth = getattr(request, "auth", None)
+    if auth is None:
+        return None
+    meta = getattr(auth, "_meta", None)
+    if meta is not None:
+        return f"{meta.label_lower}:{auth.pk}"
+    digest = hashlib.sha256(str(auth).encode("utf-8", "surrogatepass")).hexdigest()
+    return f"credential:{digest}"

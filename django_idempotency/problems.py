@@ -1,0 +1,77 @@
+"""RFC 9457 ``application/problem+json`` responses for every error this app produces.
+
+Each problem has a stable slug; its ``type`` URI is ``PROBLEM_TYPE_BASE + slug`` and
+every slug is documented in ``docs/problems.md``. No problem ever carries a stack
+trace or the idempotency key itself.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from django.http import HttpResponse
+
+from .conf import conf
+
+CONTENT_TYPE = "application/problem+json"
+
+
+@dataclass(frozen=True)
+class ProblemType:
+    """One kind of problem: ``slug`` (URI suffix), HTTP ``status`` and ``title``."""
+
+    slug: str
+    status: int
+    title: str
+
+
+MISSING_KEY = ProblemType("missing-key", 400, "Idempotency-Key header required")
+INVALID_KEY = ProblemType("invalid-key", 400, "Invalid Idempotency-Key header")
+UNREADABLE_BODY = ProblemType("unreadable-body", 400, "Request body could not be read")
+BODY_TOO_LARGE = ProblemType("body-too-large", 413, "Request body too large")
+NO_PRINCIPAL = ProblemType("no-principal", 401, "Authentication required for idempotent requests")
+KEY_REUSED = ProblemType("key-reused", 422, "Idempotency-Key reused with a different request")
+IN_FLIGHT = ProblemType(
+    "request-in-flight", 409, "A request with this Idempotency-Key is in progress"
+)
+LEASE_LOST = ProblemType("lease-lost", 409, "This request lost its claim on the Idempotency-Key")
+STORE_UNAVAILABLE = ProblemType("store-unavailable", 503, "Idempotency store unavailable")
+
+ALL = (
+    MISSING_KEY,
+    INVALID_KEY,
+    UNREADABLE_BODY,
+    BODY_TOO_LARGE,
+    NO_PRINCIPAL,
+    KEY_REUSED,
+    IN_FLIGHT,
+    LEASE_LOST,
+    STORE_UNAVAILABLE,
+)
+
+
+def problem_response(
+    problem: ProblemType, detail: str, *, retry_after: int | None = None
+) -> HttpResponse:
+    """Build the problem+json response for ``problem``.
+
+    Args:
+        problem: one of this module's ``ProblemType`` constants.
+        detail: a sentence for the client: what happened and what to do.
+        retry_after: seconds for a ``Retry-After`` header (RFC 9110 §10.2.3), if any.
+
+    Returns:
+        An ``HttpResponse`` with status ``problem.status`` and a JSON body holding
+        ``type``, ``title``, ``status`` and ``detail``.
+    """
+    body = {
+        "type": conf.problem_type_base + problem.slug,
+        "title": problem.title,
+        "status": problem.status,
+        "detail": detail,
+    }
+    response = HttpResponse(json.dumps(body), status=problem.status, content_type=CONTENT_TYPE)
+    if retry_after is not None:
+        response["Retry-After"] = str(max(0, int(retry_after)))
+    return response

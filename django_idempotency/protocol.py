@@ -1,0 +1,281 @@
+"""Request in, decision out: proceed, replay, 409, 422 or 400 (SPEC §2-§4). No DRF.
+
+:func:`begin` reads the key, resolves the scope, fingerprints the request and claims
+the key; :func:`execute` runs the view in ``transaction.atomic()`` and completes,
+releases or fences the claim. The decorator and the DRF mixin are thin glue over
+these two functions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
+from django.db import DatabaseError, transaction
+from django.http import HttpRequest, UnreadablePostError
+from django.http.multipartparser import MultiPartParserError
+from django.http.request import RawPostDataException
+from django.http.response import HttpResponseBase
+
+from . import fingerprint, problems, signals, store
+from .conf import conf
+from .context import IdempotencyContext
+from .keys import HEADER, InvalidKey, parse_key
+from .options import Options
+from .responses import build, snapshot
+
+logger = logging.getLogger("django_idempotency")
+
+#: Never recorded, key or not (RFC 9110 §9.2.1).
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
+_COLUMN = 255
+
+
+@dataclass(frozen=True)
+class Bypass:
+    """Run the view as if the app were not there (safe method, or optional key absent)."""
+
+
+@dataclass(frozen=True)
+class Respond:
+    """Answer with ``response`` without running the view (replay or problem)."""
+
+    response: HttpResponseBase
+
+
+@dataclass(frozen=True)
+class Proceed:
+    """This request owns the key: run the view through :func:`execute`."""
+
+    claim: store.Claim
+    options: Options
+
+
+BYPASS = Bypass()
+
+
+def _fit(value: str) -> str:
+    """``value`` if it fits the 255-character columns, else a stable shortened form."""
+    if len(value) <= _COLUMN:
+        return value
+    digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
+    return f"{value[: _COLUMN - 66]}~{digest}"
+
+
+def endpoint_for(request: HttpRequest, options: Options, view_name: str) -> str:
+    """The endpoint of ``request``: ``"METHOD /route"`` (SPEC §3).
+
+    The route is the URL pattern that matched (``v1/workers/<str:pk>/reboot``), so
+    one view serving many resources is one endpoint; the fingerprint tells the
+    resources apart. Without a resolver match (a view called directly), the view's
+    dotted name stands in for the route. ``options.endpoint`` overrides both.
+    """
+    if options.endpoint:
+        return _fit(options.endpoint)
+    match = getattr(request, "resolver_match", None)
+    route = getattr(match, "route", None) or view_name
+    return _fit(f"{(request.method or '').upper()} /{route.lstrip('^/')}")
+
+
+def _problem(kind: problems.ProblemType, detail: str, **kw: Any) -> Respond:
+    return Respond(problems.problem_response(kind, detail, **kw))
+
+
+def _fingerprint(request: Any, http: HttpRequest, options: Options) -> str | Respond:
+    parsed = None
+    if http is not request and getattr(http, "_read_started", False) and not hasattr(http, "_body"):
+        parsed = request.data  # DRF consumed the stream before us
+    try:
+        return fingerprint.compute(
+            http,
+            exclude=options.get_fingerprint_exclude(),
+            headers=options.get_fingerprint_headers(),
+            parsed_body=parsed,
+        )
+    except RequestDataTooBig:
+        return _problem(
+            problems.BODY_TOO_LARGE,
+            "The request body exceeds this server's size limit; nothing was done.",
+        )
+    except (
+        MultiPartParserError,
+        TooManyFieldsSent,
+        TooManyFilesSent,
+        UnreadablePostError,
+        RawPostDataException,
+    ) as exc:
+        return _problem(
+            problems.UNREADABLE_BODY,
+            f"The request body could not be read ({type(exc).__name__}); nothing was "
+            "done. Check its Content-Type and encoding, then retry with the same key.",
+        )
+
+
+def begin(request: Any, options: Options, *, view_name: str) -> Bypass | Respond | Proceed:
+    """Decide what to do with ``request`` before the view runs.
+
+    Args:
+        request: a Django ``HttpRequest`` or a DRF ``Request`` (authenticated).
+        options: the view's options.
+        view_name: dotted name of the view, the endpoint when no route matched.
+
+    Returns:
+        :class:`Bypass`, :class:`Respond` (replay or problem+json) or :class:`Proceed`
+        with a claim. Never raises for a client mistake; a failing store gives a 503
+        (fail closed: the view does not run without a claim).
+    """
+    http: HttpRequest = getattr(request, "_request", request)
+    if (http.method or "").upper() in SAFE_METHODS:
+        return BYPASS
+    try:
+        key = parse_key(http.headers.get(HEADER), max_length=min(conf.max_key_length, _COLUMN))
+    except InvalidKey as exc:
+        return _problem(problems.INVALID_KEY, str(exc))
+    if key is None:
+        if options.get_required():
+            return _problem(
+                problems.MISSING_KEY,
+                f"This endpoint requires an {HEADER} header. Generate one key (a UUID) "
+                "per operation and send the same key on every retry of it.",
+            )
+        return BYPASS
+    principal = options.get_principal()(request)
+    if not principal:
+        return _problem(
+            problems.NO_PRINCIPAL,
+            f"Requests with an {HEADER} must be authenticated, so that one client's "
+            "key never collides with another's. Authenticate and retry.",
+        )
+    fp = _fingerprint(request, http, options)
+    if isinstance(fp, Respond):
+        return fp
+    scope = store.Scope(_fit(str(principal)), endpoint_for(http, options, view_name), key)
+    return _claim(scope, fp, options)
+
+
+def _claim(scope: store.Scope, fp: str, options: Options) -> Respond | Proceed:
+    signal_kwargs = {"principal": scope.principal, "endpoint": scope.endpoint}
+    deadline = time.monotonic() + options.get_wait()
+    delay = 0.05
+    while True:
+        try:
+            result = store.claim(
+                scope, fp, lease=options.get_lease(), retention=options.get_retention()
+            )
+        except DatabaseError as exc:
+            logger.error("idempotency store unavailable: %s", exc, extra=signal_kwargs)
+            signals.store_failed.send(scope.endpoint, error=exc, **signal_kwargs)
+            return _problem(
+                problems.STORE_UNAVAILABLE,
+                "The idempotency store could not be reached, so the request was not "
+                "run. Retry later with the same key.",
+                retry_after=conf.retry_after,
+            )
+        if isinstance(result, store.Claim):
+            signals.claimed.send(scope.endpoint, taken_over=result.taken_over, **signal_kwargs)
+            if result.taken_over:
+                logger.warning("idempotency lease taken over", extra=signal_kwargs)
+            return Proceed(result, options)
+        if result.fingerprint != fp:
+            signals.mismatched.send(scope.endpoint, **signal_kwargs)
+            return _problem(
+                problems.KEY_REUSED,
+                f"This {HEADER} was already used for a different request (method, path, "
+                "query or body differ). Use a new key for a new operation.",
+            )
+        if result.response is not None:
+            signals.replayed.send(scope.endpoint, status=result.response.status, **signal_kwargs)
+            return Respond(build(result.response, replayed=True))
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            signals.in_flight.send(scope.endpoint, **signal_kwargs)
+            return _problem(
+                problems.IN_FLIGHT,
+                "A request with this key is still being processed. Retry after the "
+                "number of seconds in Retry-After, with the same key, to get its result.",
+                retry_after=conf.retry_after,
+            )
+        time.sleep(min(delay, remaining))  # bounded in-flight wait (opt-in per view)
+        delay = min(delay * 2, 0.5)
+
+
+def attach(request: Any, context: IdempotencyContext | None) -> None:
+    """Set ``request.idempotency`` (on a DRF request, on its Django request too)."""
+    request.idempotency = context
+    http = getattr(request, "_request", None)
+    if http is not None:
+        http.idempotency = context
+
+
+class _Release(Exception):
+    def __init__(self, response: HttpResponseBase) -> None:
+        super().__init__("release")
+        self.response = response
+
+
+def _release(claim: store.Claim, status: int | None) -> None:
+    kwargs = {"principal": claim.scope.principal, "endpoint": claim.scope.endpoint}
+    try:
+        store.release(claim)
+    except DatabaseError as exc:  # the lease expires on its own; never mask the cause
+        logger.error("could not release idempotency claim: %s", exc, extra=kwargs)
+        return
+    signals.released.send(claim.scope.endpoint, status=status, **kwargs)
+
+
+def execute(
+    proceed: Proceed,
+    request: Any,
+    call: Callable[[], HttpResponseBase],
+    finalize: Callable[[HttpResponseBase], HttpResponseBase],
+) -> HttpResponseBase:
+    """Run the view once for a claimed key and settle the claim (SPEC §4).
+
+    Args:
+        proceed: the claim from :func:`begin`.
+        request: the request(s) ``request.idempotency`` is attached to.
+        call: runs the view and returns its response.
+        finalize: renders the response to bytes (DRF negotiation, templates).
+
+    Returns:
+        The view's response; a rebuilt copy if it was streaming; the 409 lease-lost
+        problem if the completion was fenced off (everything rolled back).
+
+    Raises:
+        Whatever the view raised, after rolling back and releasing the key.
+    """
+    claim, options = proceed.claim, proceed.options
+    attach(request, IdempotencyContext(claim, lease=options.get_lease()))
+    kwargs = {"principal": claim.scope.principal, "endpoint": claim.scope.endpoint}
+    try:
+        with transaction.atomic(using=claim.using):
+            response = finalize(call())
+            if options.should_release(response.status_code):
+                raise _Release(response)
+            stored = snapshot(response, options.get_replay_headers())
+            if getattr(response, "streaming", False):
+                response = build(stored, replayed=False)
+            store.complete(claim, stored)
+    except _Release as release:
+        _release(claim, release.response.status_code)
+        return release.response
+    except store.LeaseLost:
+        logger.warning("idempotency completion fenced off; rolled back", extra=kwargs)
+        signals.fenced.send(claim.scope.endpoint, **kwargs)
+        return problems.problem_response(
+            problems.LEASE_LOST,
+            "This request ran longer than its lease and another attempt with the same "
+            "key took over; its changes were rolled back. Retry with the same key to "
+            "get the result of the attempt that completed.",
+            retry_after=conf.retry_after,
+        )
+    except BaseException:
+        _release(claim, None)
+        raise
+    signals.completed.send(claim.scope.endpoint, status=stored.status, **kwargs)
+    return response

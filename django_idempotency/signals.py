@@ -1,0 +1,27 @@
+"""Signals sent at each decision of the protocol, for metrics and audit hooks.
+
+Every signal is sent with ``sender`` = the endpoint (``"POST /v1/workers"``) and the
+keyword arguments ``principal`` and ``endpoint``; some add more, listed below. Receivers
+must be cheap and must not raise: they run on the request path. Keys are never sent.
+"""
+
+from __future__ import annotations
+
+from django.dispatch import Signal
+
+#: A claim was made (``taken_over``: an expired lease was taken over).
+claimed = Signal()
+#: A stored response was replayed (``status``: the replayed status).
+replayed = Signal()
+#: A duplicate arrived while the original was in flight: 409.
+in_flight = Signal()
+#: The key was reused with a different request: 422.
+mismatched = Signal()
+#: The completion was fenced off (lease lost); the view's writes were rolled back.
+fenced = Signal()
+#: The claim was released (``status``: the response's status, or ``None`` if it raised).
+released = Signal()
+#: A response was stored (``status``).
+completed = Signal()
+#: The store failed while claiming: 503 (``error``: the exception).
+store_failed = Signal()

@@ -1,0 +1,395 @@
+"""Every SQL statement of the claim / complete protocol (SPEC §4). Nothing HTTP.
+
+* :func:`claim`: an insert against the unique constraint on (principal, endpoint,
+  key), committed on its own. On PostgreSQL one statement does the insert and, on
+  conflict, reads the existing row (one round trip for a first execution, a replay, a
+  409 or a 422). Elsewhere, an ORM insert in a short transaction, then a read.
+  Never SELECT-then-INSERT.
+* Takeover of an expired lease, and reuse of a record past its retention window, are
+  conditional UPDATEs (owner token, lease and recovery point re-checked by the
+  database): among concurrent contenders exactly one wins.
+* :func:`complete`: inside the caller's atomic block, an UPDATE fenced by the owner
+  token. Zero rows means the lease was lost: :class:`LeaseLost` is raised so the
+  caller's block, business writes included, rolls back.
+* :func:`release`: delete a claim we own (failure before any effect).
+* :func:`extend`: heartbeat, pushing ``lease_until`` forward; commits at once.
+
+Leases and expiry follow one clock: see ``django_idempotency.clock``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import DatabaseError, IntegrityError, connections, router, transaction
+from django.db.models import Q
+from django.db.models.expressions import RawSQL
+
+from . import clock
+from ._pg import PG_CLAIM_SQL, PG_EXTEND_SQL, PG_FETCH_SQL, pg_now
+from .models import IdempotencyRecord, RecordState
+
+Headers = list[tuple[str, str]]
+
+#: Attempts at "claim, or settle on the row we collided with" before answering 409.
+_MAX_ROUNDS = 5
+
+
+class LeaseLost(DatabaseError):
+    """The fenced completion updated no row: another request took over the key."""
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What identifies a record: the principal, the endpoint and the key (SPEC §3)."""
+
+    principal: str
+    endpoint: str
+    key: str
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    """A response as stored: status, replayable headers (name, value) and body bytes."""
+
+    status: int
+    headers: Headers
+    body: bytes
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Ownership of a key: this request may execute the view.
+
+    ``taken_over`` is true when the expired lease of an earlier attempt was taken
+    over; ``recovery_point`` is then the last phase that attempt finished (SPEC §5).
+    ``using`` is the database alias of the record.
+    """
+
+    scope: Scope
+    record_id: int
+    owner_token: uuid.UUID
+    taken_over: bool
+    recovery_point: str
+    using: str
+
+
+@dataclass(frozen=True)
+class Existing:
+    """A record this request collided with, judged by the store's clock.
+
+    ``lease_remaining`` is in seconds (negative once the lease ran out); ``expired``
+    says the retention window is over; ``response`` is set once completed.
+    """
+
+    record_id: int
+    state: str
+    fingerprint: str
+    lease_remaining: float
+    expired: bool
+    response: StoredResponse | None
+    owner_token: uuid.UUID | None = None
+    recovery_point: str = ""
+
+    @property
+    def completed(self) -> bool:
+        """Whether the record holds a stored response."""
+        return self.state == RecordState.COMPLETED
+
+
+def database_for_write() -> str:
+    """The database alias the router picks for writing idempotency records."""
+    return router.db_for_write(IdempotencyRecord) or "default"
+
+
+def _now_value(using: str, plus_seconds: float = 0.0) -> Any:
+    """ "Now" (+ ``plus_seconds``) as the store's clock gives it, for ORM queries."""
+    if connections[using].vendor == "postgresql":
+        sql, params = pg_now()
+        return RawSQL(f"({sql} + %s * interval '1 second')", [*params, plus_seconds])
+    return clock.app_now() + dt.timedelta(seconds=plus_seconds)
+
+
+def _headers_from_db(value: Any) -> Headers:
+    if isinstance(value, (str, bytes)):
+        value = json.loads(value)
+    return [(str(name), str(val)) for name, val in value or ()]
+
+
+def _existing(row: dict[str, Any]) -> Existing:
+    response = None
+    if row["state"] == RecordState.COMPLETED:
+        response = StoredResponse(
+            status=int(row["response_status"]),
+            headers=_headers_from_db(row["response_headers"]),
+            body=bytes(row["response_body"] or b""),
+        )
+    return Existing(
+        record_id=row["id"],
+        state=row["state"],
+        fingerprint=row["fingerprint"],
+        lease_remaining=float(row["lease_remaining"]),
+        expired=bool(row["expired"]),
+        response=response,
+        owner_token=row["owner_token"],
+        recovery_point=row["recovery_point"] or "",
+    )
+
+
+def _scope_filter(scope: Scope) -> dict[str, str]:
+    return {"principal": scope.principal, "endpoint": scope.endpoint, "key": scope.key}
+
+
+def _pg_params(scope: Scope, **extra: Any) -> dict[str, Any]:
+    return {**_scope_filter(scope), "clock_offset": clock.offset(), **extra}
+
+
+def fetch(scope: Scope, *, using: str | None = None) -> Existing | None:
+    """Read the record for ``scope`` with one SELECT; ``None`` if there is none."""
+    using = using or database_for_write()
+    connection = connections[using]
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(PG_FETCH_SQL, _pg_params(scope))
+            row = cursor.fetchone()
+            if row is None:
+                return None
+            columns = [col.name for col in cursor.description]
+        return _existing(dict(zip(columns, row, strict=True)))
+    values = (
+        IdempotencyRecord.objects.using(using)
+        .filter(**_scope_filter(scope))
+        .values(
+            "id",
+            "owner_token",
+            "state",
+            "fingerprint",
+            "recovery_point",
+            "lease_until",
+            "expires_at",
+            "response_status",
+            "response_headers",
+            "response_body",
+        )
+        .first()
+    )
+    if values is None:
+        return None
+    now = clock.app_now()
+    values["lease_remaining"] = (values["lease_until"] - now).total_seconds()
+    values["expired"] = values["expires_at"] <= now
+    return _existing(values)
+
+
+def claim(
+    scope: Scope,
+    fingerprint: str,
+    *,
+    lease: float,
+    retention: float,
+    using: str | None = None,
+) -> Claim | Existing:
+    """Try to claim ``scope`` for a request whose fingerprint is ``fingerprint``.
+
+    Args:
+        scope: the record's identity.
+        fingerprint: 64 hex characters from ``fingerprint.compute``.
+        lease: seconds the claim holds off duplicates before it can be taken over.
+        retention: seconds a completed response is kept and replayed.
+        using: database alias; by default the router's choice for writes.
+
+    Returns:
+        A :class:`Claim` when this request owns the key: a new record, a record past
+        its retention window reused, or an expired lease with the same fingerprint
+        taken over. Otherwise the :class:`Existing` record that stands: completed
+        (replay or 422), or claimed with a live lease (409).
+
+    Raises:
+        django.db.DatabaseError: the database failed; nothing was claimed.
+    """
+    using = using or database_for_write()
+    token = uuid.uuid4()
+    existing: Existing | None = None
+    for _round in range(_MAX_ROUNDS):
+        won, existing = _insert(using, scope, fingerprint, token, lease, retention)
+        if won is not None:
+            return won
+        if existing is None:  # released between the insert and the read: again
+            continue
+        if existing.expired and (existing.completed or existing.lease_remaining <= 0):
+            if _reuse_expired(using, existing, fingerprint, token, lease, retention):
+                return Claim(scope, existing.record_id, token, False, "", using)
+            continue
+        if (
+            not existing.completed
+            and existing.lease_remaining <= 0
+            and existing.fingerprint == fingerprint
+        ):
+            if _take_over(using, existing, token, lease):
+                return Claim(scope, existing.record_id, token, True, existing.recovery_point, using)
+            continue
+        return existing
+    # Raced on every round (claims released or taken over under us): in flight.
+    return Existing(0, RecordState.CLAIMED, fingerprint, 1.0, False, None)
+
+
+def _insert(
+    using: str,
+    scope: Scope,
+    fingerprint: str,
+    token: uuid.UUID,
+    lease: float,
+    retention: float,
+) -> tuple[Claim | None, Existing | None]:
+    connection = connections[using]
+    # Inside a caller's atomic block (ATOMIC_REQUESTS, TestCase) the claim cannot
+    # commit on its own; a savepoint at least keeps a failure from poisoning it.
+    block = transaction.atomic(using=using) if connection.in_atomic_block else nullcontext()
+    if connection.vendor == "postgresql":
+        params = _pg_params(
+            scope, fingerprint=fingerprint, token=token, lease=lease, retention=retention
+        )
+        with block, connection.cursor() as cursor:
+            cursor.execute(PG_CLAIM_SQL, params)
+            row = cursor.fetchone()
+            columns = [col.name for col in cursor.description] if row else []
+        if row is None:
+            return None, fetch(scope, using=using)
+        data = dict(zip(columns, row, strict=True))
+        if data["won"]:
+            return Claim(scope, data["id"], token, False, "", using), None
+        return None, _existing(data)
+    now = clock.app_now()
+    try:
+        with transaction.atomic(using=using):
+            record = IdempotencyRecord.objects.using(using).create(
+                **_scope_filter(scope),
+                fingerprint=fingerprint,
+                owner_token=token,
+                lease_until=now + dt.timedelta(seconds=lease),
+                created_at=now,
+                expires_at=now + dt.timedelta(seconds=retention),
+            )
+    except IntegrityError:
+        return None, fetch(scope, using=using)
+    return Claim(scope, record.pk, token, False, "", using), None
+
+
+def _reuse_expired(
+    using: str,
+    existing: Existing,
+    fingerprint: str,
+    token: uuid.UUID,
+    lease: float,
+    retention: float,
+) -> bool:
+    """Turn a record past its retention window into a fresh claim (a new key)."""
+    updated = (
+        IdempotencyRecord.objects.using(using)
+        .filter(
+            Q(state=RecordState.COMPLETED) | Q(lease_until__lte=_now_value(using)),
+            pk=existing.record_id,
+            owner_token=existing.owner_token,
+            expires_at__lte=_now_value(using),
+        )
+        .update(
+            fingerprint=fingerprint,
+            state=RecordState.CLAIMED,
+            owner_token=token,
+            lease_until=_now_value(using, lease),
+            recovery_point="",
+            response_status=None,
+            response_headers=[],
+            response_body=None,
+            created_at=_now_value(using),
+            completed_at=None,
+            expires_at=_now_value(using, retention),
+        )
+    )
+    return updated == 1
+
+
+def _take_over(using: str, existing: Existing, token: uuid.UUID, lease: float) -> bool:
+    """Install ``token`` on a claim whose lease ran out, if nobody changed it since."""
+    updated = (
+        IdempotencyRecord.objects.using(using)
+        .filter(
+            pk=existing.record_id,
+            state=RecordState.CLAIMED,
+            owner_token=existing.owner_token,
+            recovery_point=existing.recovery_point,
+            lease_until__lte=_now_value(using),
+        )
+        .update(owner_token=token, lease_until=_now_value(using, lease))
+    )
+    return updated == 1
+
+
+def _fenced(claim: Claim) -> Any:
+    return IdempotencyRecord.objects.using(claim.using).filter(
+        pk=claim.record_id, owner_token=claim.owner_token, state=RecordState.CLAIMED
+    )
+
+
+def complete(claim: Claim, response: StoredResponse) -> None:
+    """Mark the claim completed with ``response``, fenced by the owner token.
+
+    Must run inside the atomic block that holds the view's business writes, so the
+    effect and the record commit together (SPEC §4).
+
+    Raises:
+        LeaseLost: no row matched: the lease ran out and another request took the key
+            over. Let it propagate out of the atomic block so everything rolls back.
+    """
+    now = _now_value(claim.using)
+    updated = _fenced(claim).update(
+        state=RecordState.COMPLETED,
+        response_status=response.status,
+        response_headers=[list(pair) for pair in response.headers],
+        response_body=response.body,
+        completed_at=now,
+        lease_until=now,
+    )
+    if updated != 1:
+        raise LeaseLost(f"record {claim.record_id}: the lease was lost before completion")
+
+
+def release(claim: Claim) -> bool:
+    """Delete the claim if this request still owns it. Returns whether a row went."""
+    deleted, _ = _fenced(claim).delete()
+    return bool(deleted)
+
+
+def extend(claim: Claim, seconds: float) -> bool:
+    """Heartbeat: make the lease end ``seconds`` from now, if the claim is still ours.
+
+    Commits at once, even inside the view's atomic block: on PostgreSQL it then uses a
+    second, short-lived connection, so other requests see the new lease without
+    waiting for the view's transaction. (SQLite has one writer per database, so there
+    the update joins the current transaction.)
+
+    Returns:
+        ``False`` when the claim was lost (taken over): the caller should stop.
+    """
+    connection = connections[claim.using]
+    if connection.vendor != "postgresql":
+        return bool(_fenced(claim).update(lease_until=_now_value(claim.using, seconds)))
+    params = {
+        "id": claim.record_id,
+        "token": claim.owner_token,
+        "seconds": seconds,
+        "clock_offset": clock.offset(),
+    }
+    target = connection.copy() if connection.in_atomic_block else connection
+    try:
+        with target.cursor() as cursor:
+            cursor.execute(PG_EXTEND_SQL, params)
+            return cursor.rowcount == 1
+    finally:
+        if target is not connection:
+            target.close()

@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import uuid
+
+import factory
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+from rest_framework.authtoken.models import Token
+
+from django_idempotency.models import IdempotencyRecord, RecordState
+
+
+class UserFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = get_user_model()
+        django_get_or_create = ("username",)
+
+    username = factory.Sequence(lambda n: f"user{n}")
+
+
+class TokenFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = Token
+
+    user = factory.SubFactory(UserFactory)
+
+
+class IdempotencyRecordFactory(factory.django.DjangoModelFactory):
+    class Meta:
+        model = IdempotencyRecord
+
+    principal = "auth.user:1"
+    endpoint = "POST /widgets"
+    key = factory.LazyFunction(lambda: str(uuid.uuid4()))
+    fingerprint = factory.LazyFunction(lambda: hashlib.sha256(b"x").hexdigest())
+    state = RecordState.CLAIMED
+    created_at = factory.LazyFunction(timezone.now)
+    lease_until = factory.LazyAttribute(lambda o: o.created_at + dt.timedelta(seconds=60))
+    expires_at = factory.LazyAttribute(lambda o: o.created_at + dt.timedelta(days=1))

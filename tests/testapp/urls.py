@@ -1,0 +1,24 @@
+from __future__ import annotations
+
+from django.urls import path
+from rest_framework.routers import SimpleRouter
+
+from . import views
+
+router = SimpleRouter()
+router.register("vs/widgets", views.WidgetViewSet)
+
+urlpatterns = [
+    path("widgets", views.create_widget),
+    path("widgets/<int:pk>", views.delete_widget),
+    path("widgets/<int:pk>/reboot", views.RebootView.as_view()),
+    path("optional", views.optional_key),
+    path("outcome", views.outcome),
+    path("waiting", views.waiting),
+    path("slow", views.slow),
+    path("heartbeat", views.heartbeat),
+    path("plain", views.plain_view),
+    path("stream", views.streaming_view),
+    path("async", views.async_view),
+    *router.urls,
+]
