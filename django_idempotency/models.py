@@ -46,7 +46,7 @@ class IdempotencyRecord(models.Model):
     completed_at = models.DateTimeField(_("completed at"), null=True)
     expires_at = models.DateTimeField(_("expires at"))
 
-    class Meta:
+    class Meta:  # noqa: D106
         db_table = "django_idempotency_record"
         verbose_name = _("idempotency record")
         verbose_name_plural = _("idempotency records")

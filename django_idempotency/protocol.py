@@ -27,7 +27,7 @@ from .conf import conf
 from .context import IdempotencyContext
 from .keys import HEADER, InvalidKey, parse_key
 from .options import Options
-from .responses import build, snapshot
+from .responses import build, rebuild_consumed, snapshot
 
 logger = logging.getLogger("django_idempotency")
 
@@ -50,7 +50,7 @@ class Respond:
 
 @dataclass(frozen=True)
 class Proceed:
-    """This request owns the key: run the view through :func:`execute`."""
+    """The request owns the key: run the view through :func:`execute`."""
 
     claim: store.Claim
     options: Options
@@ -259,7 +259,7 @@ def execute(
                 raise _Release(response)
             stored = snapshot(response, options.get_replay_headers())
             if getattr(response, "streaming", False):
-                response = build(stored, replayed=False)
+                response = rebuild_consumed(response, stored)
             store.complete(claim, stored)
     except _Release as release:
         _release(claim, release.response.status_code)

@@ -71,9 +71,7 @@ def replayable_names(extra: Iterable[str]) -> frozenset[str]:
 def response_body(response: HttpResponseBase) -> bytes:
     """The full body of ``response`` as bytes; a streaming body is consumed."""
     if getattr(response, "streaming", False):
-        content = b"".join(response.streaming_content)  # type: ignore[attr-defined]
-        response.close()
-        return content
+        return b"".join(response.streaming_content)  # type: ignore[attr-defined]
     return bytes(response.content)  # type: ignore[attr-defined]
 
 
@@ -86,6 +84,25 @@ def snapshot(response: HttpResponseBase, extra_headers: Iterable[str]) -> Stored
     allowed = replayable_names(extra_headers)
     headers = [(name, value) for name, value in response.items() if name.lower() in allowed]
     return StoredResponse(response.status_code, headers, response_body(response))
+
+
+def rebuild_consumed(original: HttpResponseBase, stored: StoredResponse) -> HttpResponse:
+    """A plain response with ``stored``'s body, for a streaming ``original`` we consumed.
+
+    The original's resource closers (open files of a ``FileResponse``) move to the new
+    response, so Django closes them when it closes the response it sends.
+    """
+    response = build(stored, replayed=False)
+    for name, value in original.items():
+        if name.lower() not in {n.lower() for n, _ in stored.headers}:
+            response[name] = value
+    for cookie in original.cookies.values():
+        response.cookies[cookie.key] = cookie
+    closers = getattr(original, "_resource_closers", None)
+    if closers is not None:
+        response._resource_closers.extend(closers)  # type: ignore[attr-defined]
+        closers.clear()
+    return response
 
 
 def build(stored: StoredResponse, *, replayed: bool) -> HttpResponse:

@@ -108,7 +108,7 @@ def database_for_write() -> str:
 
 
 def _now_value(using: str, plus_seconds: float = 0.0) -> Any:
-    """ "Now" (+ ``plus_seconds``) as the store's clock gives it, for ORM queries."""
+    """Now (+ ``plus_seconds``) as the store's clock gives it, for ORM queries."""
     if connections[using].vendor == "postgresql":
         sql, params = pg_now()
         return RawSQL(f"({sql} + %s * interval '1 second')", [*params, plus_seconds])

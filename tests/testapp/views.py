@@ -20,7 +20,7 @@ class WidgetSerializer(serializers.ModelSerializer):
 
 
 def _gate(request) -> None:
-    name = request.query_params.get("gate") if hasattr(request, "query_params") else None
+    name = request.headers.get("X-Gate")  # a header: not part of the fingerprint
     if name:
         GATES[name].pass_through()
     hook = HOOKS.get("during_view")
@@ -40,6 +40,7 @@ def create_widget(request):
     response["Location"] = f"/widgets/{widget.pk}"
     response["ETag"] = f'"w{widget.pk}"'
     response["X-Request-ID"] = "req-1"
+    response["X-Widget-Version"] = "v7"
     response.set_cookie("session-ish", "secret")
     return response
 

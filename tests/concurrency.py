@@ -1,0 +1,53 @@
+"""Helpers for tests with real concurrent clients (threads, one DB connection each)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from django.db import connections
+from rest_framework.test import APIClient
+
+
+def token_client(token_key: str) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token_key}")
+    client.raise_request_exception = False
+    return client
+
+
+class Runner:
+    """Run callables in threads; each thread closes its own DB connections at the end."""
+
+    def __init__(self) -> None:
+        self.threads: list[threading.Thread] = []
+        self.results: list[Any] = []
+        self.errors: list[BaseException] = []
+        self._lock = threading.Lock()
+
+    def start(self, func: Callable[[], Any]) -> threading.Thread:
+        def target() -> None:
+            try:
+                result = func()
+                with self._lock:
+                    self.results.append(result)
+            except BaseException as exc:  # surfaced by join()
+                with self._lock:
+                    self.errors.append(exc)
+            finally:
+                connections.close_all()
+
+        thread = threading.Thread(target=target, daemon=True)
+        self.threads.append(thread)
+        thread.start()
+        return thread
+
+    def join(self, timeout: float = 60) -> list[Any]:
+        for thread in self.threads:
+            thread.join(timeout)
+            if thread.is_alive():
+                raise AssertionError("a client thread did not finish")
+        if self.errors:
+            raise self.errors[0]
+        return self.results
