@@ -14,6 +14,7 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.urls import URLPattern, URLResolver, get_resolver
 
 from .conf import DEFAULTS, conf
+from .decorators import DECORATED
 from .responses import FORBIDDEN_HEADERS
 
 
@@ -134,6 +135,8 @@ def check_atomic_requests(
             for name in dir(view_class)
             if hasattr(getattr(view_class, name, None), "_idempotency_options")
         ]
+        if (view_class.__module__, view_class.__name__) in DECORATED:
+            decorated.append(view_class.__name__)  # @idempotent below @api_view
         exempt = getattr(callback, "_non_atomic_requests", set())
         if decorated and not all(alias in exempt for alias in atomic_aliases):
             warnings.append(
@@ -142,9 +145,11 @@ def check_atomic_requests(
                     f"({', '.join(decorated)}) but runs inside ATOMIC_REQUESTS, so its "
                     "claims cannot commit on their own: duplicates will wait for the "
                     "original instead of getting a 409.",
-                    hint="Add IdempotentMixin to the class (it exempts the view and "
-                    "opens the transaction itself), or decorate its dispatch with "
-                    "@method_decorator(transaction.non_atomic_requests, name='dispatch').",
+                    hint="For an APIView, add IdempotentMixin to the class (it exempts "
+                    "the view and opens the transaction itself) or decorate its dispatch "
+                    "with @method_decorator(transaction.non_atomic_requests, "
+                    "name='dispatch'). For an @api_view function, put @idempotent "
+                    "above @api_view.",
                     obj=view_class,
                     id="django_idempotency.W001",
                 )

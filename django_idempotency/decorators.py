@@ -11,18 +11,42 @@ from asgiref.sync import async_to_sync, sync_to_async
 
 from .glue import find_request, make_finalizer, mark_non_atomic, run
 from .options import Options
+from .protocol import SAFE_METHODS
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _check_target(func: Callable[..., Any]) -> None:
+#: (module, name) of every function decorated with @idempotent, so the W001 check can
+#: find ``@api_view`` views whose inner function is idempotent.
+DECORATED: set[tuple[str, str]] = set()
+
+
+def _drf_view_class(func: Callable[..., Any]) -> Any:
     view_class = getattr(func, "view_class", None) or getattr(func, "cls", None)
     if view_class is not None and hasattr(view_class, "finalize_response"):
+        return view_class
+    return None
+
+
+def _wrap_api_view(view: Any, decorate: Callable[[Any], Any]) -> Any:
+    """``@idempotent`` above ``@api_view``: protect the generated class's handlers.
+
+    The handlers still run inside DRF's ``dispatch``, after authentication,
+    permissions and throttling; the view as a whole is exempted from
+    ``ATOMIC_REQUESTS`` so its claims commit on their own.
+    """
+    view_class = view.cls
+    if "WrappedAPIView" not in view_class.__qualname__:
         raise TypeError(
-            f"@idempotent was applied to the DRF view {func.__name__!r} as a whole, so "
-            "it would run before authentication and permissions. Put @idempotent "
-            "below @api_view, on the APIView's method, or use IdempotentMixin."
+            f"@idempotent cannot wrap the class-based view {view_class.__name__!r} from "
+            "outside: it would run before authentication and permissions. Decorate its "
+            "methods, or add IdempotentMixin to the class."
         )
+    for method in view_class.http_method_names:
+        handler = view_class.__dict__.get(method)
+        if handler is not None and method.upper() not in SAFE_METHODS:
+            setattr(view_class, method, decorate(handler))
+    return mark_non_atomic(view)
 
 
 @overload
@@ -35,11 +59,12 @@ def idempotent(view: F | None = None, /, **options: Any) -> F | Callable[[F], F]
     """Make a view honour the ``Idempotency-Key`` header (SPEC §2-§4).
 
     Use bare (``@idempotent``) or with options (``@idempotent(retention=7 * 86400)``)
-    on a function view (``request, ...``), a DRF ``@api_view`` function (place it
-    *below* ``@api_view``), or an APIView / ViewSet method (``self, request, ...``).
-    On DRF the claim is made inside the handler, after authentication, permissions
-    and throttling have run. Async function views are supported; their database work
-    runs in the view's transaction through Django's ``sync_to_async``.
+    on a function view (``request, ...``), a DRF ``@api_view`` function (above or
+    below ``@api_view``; above also exempts it from ``ATOMIC_REQUESTS``), or an
+    APIView / ViewSet method (``self, request, ...``). On DRF the claim is made inside
+    the handler, after authentication, permissions and throttling have run. Async
+    function views are supported; their database work runs in the view's transaction
+    through Django's ``sync_to_async``.
 
     Keyword options (each defaults to the ``IDEMPOTENCY`` setting of the same name):
         required (bool): a missing key is a 400; ``False`` runs keyless requests
@@ -55,13 +80,15 @@ def idempotent(view: F | None = None, /, **options: Any) -> F | Callable[[F], F]
         release (callable): ``status -> bool``, release instead of store.
 
     Raises:
-        TypeError: an unknown or invalid option, or the decorator placed above
-            ``@api_view`` / on ``APIView.as_view()``.
+        TypeError: an unknown or invalid option, or the decorator applied to a
+            class-based view's ``as_view()`` (decorate its methods or use the mixin).
     """
     opts = Options.from_kwargs(**options)
 
     def decorator(func: F) -> F:
-        _check_target(func)
+        if _drf_view_class(func) is not None:
+            return _wrap_api_view(func, decorator)  # type: ignore[no-any-return]
+        DECORATED.add((func.__module__, func.__name__))
         view_name = f"{func.__module__}.{func.__qualname__}"
         if iscoroutinefunction(func):
 

@@ -35,9 +35,7 @@ def token():
 
 
 def _post(token_key, url, body, key, **extra):
-    return token_client(token_key).post(
-        url, body, format="json", HTTP_IDEMPOTENCY_KEY=key, **extra
-    )
+    return token_client(token_key).post(url, body, format="json", HTTP_IDEMPOTENCY_KEY=key, **extra)
 
 
 def test_16_duplicates_while_the_first_is_held_mid_flight(request, token):

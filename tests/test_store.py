@@ -6,8 +6,8 @@ in production. Time moves with ``testing.travel``; nothing sleeps.
 
 from __future__ import annotations
 
-import time_machine
 import pytest
+import time_machine
 from django.db import connection, transaction
 
 from django_idempotency import store, testing

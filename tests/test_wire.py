@@ -81,7 +81,10 @@ def test_missing_key_is_400_and_runs_nothing(api):
 @pytest.mark.parametrize("bad", ["", "a,b", "x" * 256, '"unterminated', "caf\u00e9"])
 def test_invalid_key_is_400_and_runs_nothing(api, bad):
     response = api.post(
-        "/widgets", {"name": "a"}, format="json", HTTP_IDEMPOTENCY_KEY=bad.encode().decode("latin-1")
+        "/widgets",
+        {"name": "a"},
+        format="json",
+        HTTP_IDEMPOTENCY_KEY=bad.encode().decode("latin-1"),
     )
     problem(response, 400, "invalid-key" if bad else "invalid-key")
     assert Widget.objects.count() == 0
@@ -186,7 +189,10 @@ def test_replay_after_the_resource_was_deleted(api, key):
     again = api.delete(f"/widgets/{widget.pk}", HTTP_IDEMPOTENCY_KEY=key)
     assert again.status_code == 204
     assert again["Idempotent-Replayed"] == "true"
-    assert api.delete(f"/widgets/{widget.pk}", HTTP_IDEMPOTENCY_KEY=str(uuid.uuid4())).status_code == 404
+    assert (
+        api.delete(f"/widgets/{widget.pk}", HTTP_IDEMPOTENCY_KEY=str(uuid.uuid4())).status_code
+        == 404
+    )
 
 
 def test_created_resource_deleted_then_create_replayed(api, key):

@@ -49,6 +49,8 @@ def create_widget(request):
 @idempotent(required=False, retention=7 * 86400)
 def optional_key(request):
     Widget.objects.create(name="optional")
+    if HOOKS.get("after_optional"):
+        raise RuntimeError("after the write")
     return Response({"count": Widget.objects.count()}, status=201)
 
 
@@ -71,8 +73,8 @@ def waiting(request):
     return Response({"ok": True}, status=201)
 
 
-@api_view(["POST"])
 @idempotent(lease=5)
+@api_view(["POST"])
 def slow(request):
     """Holds at a gate mid-flight; used for lease, takeover and fencing tests."""
     Widget.objects.create(name=request.data.get("name", "slow"))

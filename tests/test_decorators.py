@@ -1,0 +1,88 @@
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+from django.test import Client
+from rest_framework.decorators import api_view
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from django_idempotency import idempotent
+from django_idempotency.models import IdempotencyRecord
+from django_idempotency.principals import auth_token_principal, user_principal
+from tests.factories import UserFactory
+from tests.testapp.models import Widget
+
+
+def test_unknown_option_is_a_type_error():
+    with pytest.raises(TypeError, match="Unknown idempotency option"):
+        idempotent(leese=5)
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"lease": 0}, {"retention": -5}, {"wait": -1}, {"replay_headers": "X-A"}]
+)
+def test_invalid_option_values(kwargs):
+    with pytest.raises(TypeError):
+        idempotent(**kwargs)
+
+
+def test_class_based_view_as_a_whole_is_refused():
+    class V(APIView):
+        def post(self, request):
+            return Response()
+
+    with pytest.raises(TypeError, match="IdempotentMixin"):
+        idempotent(V.as_view())
+
+
+def test_above_api_view_protects_the_handlers():
+    @idempotent
+    @api_view(["GET", "POST"])
+    def view(request):
+        return Response({})
+
+    assert hasattr(view.cls.post, "_idempotency_options")
+    assert not hasattr(view.cls.get, "_idempotency_options")
+    assert "default" in view._non_atomic_requests
+
+
+def test_request_not_found_is_a_type_error():
+    @idempotent
+    def view(a, b):
+        return None
+
+    with pytest.raises(TypeError, match="could not find the request"):
+        view(1, 2)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_async_view(key=None):
+    key = str(uuid.uuid4())
+    client = Client()
+    client.force_login(UserFactory(username="erin"))
+    first = client.post("/async", HTTP_IDEMPOTENCY_KEY=key)
+    assert first.status_code == 201
+    again = client.post("/async", HTTP_IDEMPOTENCY_KEY=key)
+    assert again["Idempotent-Replayed"] == "true" and again.content == first.content
+    assert Widget.objects.filter(name="async").count() == 1
+    assert IdempotencyRecord.objects.count() == 1
+    assert json.loads(first.content)["id"] == Widget.objects.get().pk
+
+
+@pytest.mark.django_db
+def test_principal_resolvers(alice):
+    from rest_framework.test import APIRequestFactory
+
+    request = APIRequestFactory().post("/x")
+    request.user = alice.user
+    request.auth = alice
+    assert user_principal(request) == f"auth.user:{alice.user.pk}"
+    assert auth_token_principal(request) == f"authtoken.token:{alice.pk}"
+    request.auth = "a-jwt-string"
+    assert auth_token_principal(request).startswith("credential:")
+    assert "a-jwt-string" not in auth_token_principal(request)
+    request.auth = None
+    assert auth_token_principal(request) is None
