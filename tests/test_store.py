@@ -226,9 +226,9 @@ def test_app_server_clock_behind_cannot_keep_a_dead_lease():
 
     from django.utils import timezone
 
-    with time_machine.travel(timezone.now() - dt.timedelta(hours=1), tick=True):
-        with testing.travel(LEASE + 1):
-            taker = claim()
+    behind = timezone.now() - dt.timedelta(hours=1)
+    with time_machine.travel(behind, tick=True), testing.travel(LEASE + 1):
+        taker = claim()
     assert isinstance(taker, store.Claim) and taker.taken_over
 
 
