@@ -1,0 +1,37 @@
+# The two commands of the README:
+#   make demo   set everything up, run leasebroker and a scripted client over real HTTP
+#   make test   set everything up, run the test suite (SQLite; DATABASE_URL for PostgreSQL)
+# Variables: PYTHON (interpreter for the venv), VENV (its folder), DJANGO_SPEC (pin
+# Django, e.g. "Django>=4.2,<5.0"), DATABASE_URL (the suite's and the demo's database).
+
+PYTHON ?= python3
+VENV ?= .venv
+DJANGO_SPEC ?=
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test stress lint install clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e ".[test,example,celery,lint]" $(if $(DJANGO_SPEC),"$(DJANGO_SPEC)")
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python example_project/demo.py
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+stress: $(STAMP)
+	$(BIN)/python -m pytest --stress tests/test_concurrency.py
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check django_idempotency
+
+clean:
+	rm -rf $(VENV) .venv-* example_project/var .pytest_cache
