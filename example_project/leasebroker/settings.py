@@ -1,0 +1,128 @@
+"""Settings for leasebroker, the django-idempotency example project.
+
+Everything that differs between machines comes from the environment (or a ``.env``
+file next to ``manage.py``), read with django-environ:
+
+* ``DATABASE_URL``: default SQLite at ``example_project/var/leasebroker.sqlite3``;
+  e.g. ``postgres://postgres@127.0.0.1:5432/leasebroker`` for PostgreSQL.
+* ``SECRET_KEY``, ``DEBUG`` (default on: this is a demo), ``ALLOWED_HOSTS``.
+* ``CELERY_BROKER_URL``: read but unused for now (default: empty).
+* ``LEASEBROKER_REBOOT_SECONDS``: how long the fake hypervisor takes to reboot.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent  # example_project/
+REPO_ROOT = BASE_DIR.parent
+
+# Use django_idempotency from this repository even if it is not pip-installed
+# (`pip install -e .` at the repo root is the proper way; this keeps the demo working).
+if (REPO_ROOT / "django_idempotency").is_dir() and str(REPO_ROOT) not in sys.path:
+    sys.path.append(str(REPO_ROOT))
+
+env = environ.Env()
+if (BASE_DIR / ".env").is_file():
+    env.read_env(str(BASE_DIR / ".env"))
+
+VAR_DIR = BASE_DIR / "var"
+VAR_DIR.mkdir(exist_ok=True)
+
+SECRET_KEY = env("SECRET_KEY", default="leasebroker-demo-only-not-a-secret")
+DEBUG = env.bool("DEBUG", default=True)
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]"])
+
+DATABASES = {
+    "default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'leasebroker.sqlite3'}")
+}
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    # Concurrent requests queue on SQLite's single write lock; wait for it, not fail.
+    DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
+
+CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "django_idempotency",
+    "workers",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "leasebroker.urls"
+WSGI_APPLICATION = "leasebroker.wsgi.application"
+ASGI_APPLICATION = "leasebroker.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",  # Authorization: Token <key>
+        "rest_framework.authentication.SessionAuthentication",  # the browsable API
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+}
+
+IDEMPOTENCY = {
+    # A mutating request without an Idempotency-Key header is refused with 400.
+    "REQUIRED": True,
+    # Seconds an in-flight request holds its key; a duplicate meanwhile gets 409.
+    # Far longer than our slowest handler (a reboot takes LEASEBROKER_REBOOT_SECONDS).
+    "LEASE": 60.0,
+    # Seconds a finished response is replayed (24 h, as Stripe). Provisioning
+    # (POST /v1/workers) keeps its keys for 7 days: see workers/views.py.
+    "RETENTION": 24 * 60 * 60.0,
+    # Seconds a duplicate waits for the original to finish before answering 409.
+    # 0: answer 409 with Retry-After at once (the demo shows it).
+    "WAIT": 0.0,
+    # The Retry-After value, in seconds, sent with a 409.
+    "RETRY_AFTER": 1,
+    # Keys are scoped per user: alice's key "k1" and bob's "k1" never collide.
+    "PRINCIPAL_RESOLVER": "django_idempotency.principals.user_principal",
+    # Besides Content-Type, Location, ETag, ...: our own response headers to replay.
+    "REPLAY_HEADERS": ["X-Worker-Id"],
+}
+
+# The fake hypervisor (workers/hypervisor.py): seconds one reboot takes.
+LEASEBROKER_REBOOT_SECONDS = env.float("LEASEBROKER_REBOOT_SECONDS", default=1.0)
+# How long a lease on a worker lasts, and what one renewal adds (seconds).
+LEASEBROKER_LEASE_SECONDS = env.int("LEASEBROKER_LEASE_SECONDS", default=24 * 60 * 60)

@@ -1,0 +1,11 @@
+"""URLs: the API under /v1/, the Django admin under /admin/."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+from django.urls import include, path
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("v1/", include("workers.urls")),
+]
