@@ -30,15 +30,15 @@ def auth_token_principal(request: Any) -> str | None:
 
     Scopes keys per API token rather than per user, so two tokens of one user are two
     principals (Stripe scopes per account; use :func:`user_principal` for that).
-    Token objects are named by model label and primary key; string credentials
-    (JWTs, API keys) by their SHA-256, so no secret is stored. Falls back to ``None``
-    (refused) when the request carries no credential.
+    The credential is never stored: token objects are named by model label and the
+    SHA-256 of their primary key (DRF's ``Token`` uses the secret itself as its
+    primary key), string credentials (JWTs, API keys) by their SHA-256. Returns
+    ``None`` (refused) when the request carries no credential.
     """
     auth = getattr(request, "auth", None)
     if auth is None:
         return None
     meta = getattr(auth, "_meta", None)
-    if meta is not None:
-        return f"{meta.label_lower}:{auth.pk}"
-    digest = hashlib.sha256(str(auth).encode("utf-8", "surrogatepass")).hexdigest()
-    return f"credential:{digest}"
+    label = meta.label_lower if meta is not None else "credential"
+    value = str(auth.pk) if meta is not None else str(auth)
+    return f"{label}:{hashlib.sha256(value.encode('utf-8', 'surrogatepass')).hexdigest()}"

@@ -22,7 +22,15 @@ def test_unknown_option_is_a_type_error():
 
 
 @pytest.mark.parametrize(
-    "kwargs", [{"lease": 0}, {"retention": -5}, {"wait": -1}, {"replay_headers": "X-A"}]
+    "kwargs",
+    [
+        {"lease": 0},
+        {"retention": -5},
+        {"wait": -1},
+        {"replay_headers": "X-A"},
+        {"lease": 600, "retention": 60},
+        {"replay_headers": ["X-A", "Set-Cookie"]},
+    ],
 )
 def test_invalid_option_values(kwargs):
     with pytest.raises(TypeError):
@@ -80,9 +88,34 @@ def test_principal_resolvers(alice):
     request.user = alice.user
     request.auth = alice
     assert user_principal(request) == f"auth.user:{alice.user.pk}"
-    assert auth_token_principal(request) == f"authtoken.token:{alice.pk}"
+    principal = auth_token_principal(request)
+    assert principal.startswith("authtoken.token:") and alice.key not in principal
+    assert principal == auth_token_principal(request)  # stable
     request.auth = "a-jwt-string"
     assert auth_token_principal(request).startswith("credential:")
     assert "a-jwt-string" not in auth_token_principal(request)
     request.auth = None
     assert auth_token_principal(request) is None
+
+
+@pytest.mark.parametrize(
+    ("route", "expected"),
+    [
+        ("v1/workers/<int:pk>/reboot", "v1/workers/{pk}/reboot"),
+        ("v1/workers/<pk>", "v1/workers/{pk}"),
+        ("^vs/widgets/(?P<pk>[^/.]+)/resize/$", "vs/widgets/{pk}/resize/"),
+        ("^vs/widgets/$", "vs/widgets/"),
+        ("^v1/(?P<year>[0-9]{4})/(?P<slug>(a|b)+)$", "v1/{year}/{slug}"),
+    ],
+)
+def test_endpoint_routes_are_normalised(route, expected):
+    from django_idempotency.protocol import normalise_route
+
+    assert normalise_route(route) == expected
+
+
+@pytest.mark.django_db
+def test_dotted_path_options(api):
+    view = idempotent(principal="django_idempotency.principals.user_principal")(lambda r: r)
+    options = view._idempotency_options
+    assert options.get_principal() is user_principal
