@@ -10,12 +10,12 @@ DJANGO_SPEC ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test stress lint install clean
+.PHONY: demo test stress lint docs install clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[test,example,celery,lint]" $(if $(DJANGO_SPEC),"$(DJANGO_SPEC)")
+	$(BIN)/python -m pip install --quiet -e ".[test,example,celery,lint,docs]" $(if $(DJANGO_SPEC),"$(DJANGO_SPEC)")
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -31,7 +31,11 @@ stress: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check django_idempotency
+	$(BIN)/ruff format --check django_idempotency tests example_project
+	$(BIN)/mypy django_idempotency
+
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 clean:
 	rm -rf $(VENV) .venv-* example_project/var .pytest_cache

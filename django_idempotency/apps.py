@@ -1,4 +1,4 @@
-"""App configuration; ``ready()`` registers the system checks and nothing else."""
+"""App configuration; ``ready()`` registers the system checks and the log receivers."""
 
 from __future__ import annotations
 
@@ -15,5 +15,8 @@ class IdempotencyConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        """Register the system checks (``django_idempotency.E001`` ...)."""
-        from . import checks  # noqa: F401  (registers on import)
+        """Register the system checks (``django_idempotency.E001`` ...) and the log receivers."""
+        from . import checks, logging
+
+        del checks  # registers on import
+        logging.connect()

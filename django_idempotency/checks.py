@@ -5,7 +5,8 @@ Each check is documented in ``docs/checks.md`` with its fix.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import sys
+from collections.abc import Container, Iterator, Sequence
 from typing import Any
 
 from django.apps import AppConfig
@@ -19,7 +20,9 @@ from .responses import FORBIDDEN_HEADERS
 
 
 @register()
-def check_settings(app_configs: list[AppConfig] | None = None, **kwargs: Any) -> list[CheckMessage]:
+def check_settings(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
     """Validate ``settings.IDEMPOTENCY`` (E001-E005)."""
     raw = getattr(settings, "IDEMPOTENCY", {})
     if not isinstance(raw, dict):
@@ -53,6 +56,7 @@ def check_settings(app_configs: list[AppConfig] | None = None, **kwargs: Any) ->
             )
         )
     errors.extend(_check_durations())
+    errors.extend(_check_retention())
     forbidden = sorted(h for h in conf.replay_headers if h.lower() in FORBIDDEN_HEADERS)
     if forbidden:
         errors.append(
@@ -99,6 +103,103 @@ def _check_durations() -> Iterator[CheckMessage]:
         )
 
 
+def _check_retention() -> Iterator[CheckMessage]:
+    """E006: the sweeper's settings (docs/retention.md)."""
+    try:
+        values = (
+            conf.max_retention,
+            conf.partitions_ahead,
+            conf.sweep_batch_size,
+            conf.outbox_retention,
+        )
+    except (TypeError, ValueError):
+        values = (-1.0, -1, -1, -1.0)
+    max_retention, ahead, batch, outbox = values
+    if max_retention <= 0 or ahead < 0 or batch < 1 or outbox <= 0:
+        yield Error(
+            "IDEMPOTENCY['MAX_RETENTION'] and ['OUTBOX_RETENTION'] must be positive "
+            "numbers of seconds, ['PARTITIONS_AHEAD'] 0 or more days and "
+            "['SWEEP_BATCH_SIZE'] at least 1.",
+            hint="Defaults: MAX_RETENTION and OUTBOX_RETENTION 604800 (7 days), "
+            "PARTITIONS_AHEAD 3, SWEEP_BATCH_SIZE 5000.",
+            id="django_idempotency.E006",
+        )
+    else:
+        try:
+            retention = conf.retention
+        except (TypeError, ValueError):
+            return  # reported by E003
+        if max_retention < retention:
+            yield Error(
+                "IDEMPOTENCY['MAX_RETENTION'] is shorter than ['RETENTION'].",
+                hint="The sweeper forgets whole days older than MAX_RETENTION; it must "
+                "be at least the longest retention window of any view.",
+                id="django_idempotency.E006",
+            )
+
+
+def _view_options(callback: Any) -> Iterator[tuple[Any, Any]]:
+    """(object, Options or options dict) of every idempotent handler behind a URL."""
+    if hasattr(callback, "_idempotency_options"):
+        yield callback, callback._idempotency_options
+    view_class = getattr(callback, "view_class", None) or getattr(callback, "cls", None)
+    if view_class is None:
+        return
+    for name in dir(view_class):
+        handler: Any = getattr(view_class, name, None)
+        if hasattr(handler, "_idempotency_options"):
+            yield view_class, handler._idempotency_options
+        # @idempotent below @api_view: DRF's handler closes over the decorated function.
+        for cell in getattr(handler, "__closure__", None) or ():
+            try:
+                inner = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            if callable(inner) and hasattr(inner, "_idempotency_options"):
+                yield view_class, inner._idempotency_options
+    base = getattr(view_class, "idempotency_options", None)
+    if isinstance(base, dict):
+        yield view_class, base
+    actions = getattr(view_class, "idempotent_actions", None)
+    if isinstance(actions, dict):
+        for options in actions.values():
+            yield view_class, options
+
+
+@register(Tags.urls)
+def check_view_retention(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """W002: a view keeps responses longer than ``MAX_RETENTION``, the sweeper's window."""
+    try:
+        limit = conf.max_retention
+    except (TypeError, ValueError):
+        return []  # reported by E006
+    warnings: list[CheckMessage] = []
+    seen: set[tuple[int, float]] = set()
+    for pattern in _patterns(get_resolver().url_patterns):
+        for obj, options in _view_options(pattern.callback):
+            value = options.get("retention") if isinstance(options, dict) else options.retention
+            try:
+                seconds = float(value) if value is not None else None
+            except (TypeError, ValueError):
+                continue
+            if seconds is None or seconds <= limit or (id(obj), seconds) in seen:
+                continue
+            seen.add((id(obj), seconds))
+            warnings.append(
+                Warning(
+                    f"{obj.__module__}.{obj.__name__} declares a retention of "
+                    f"{seconds:g} s, longer than IDEMPOTENCY['MAX_RETENTION'] "
+                    f"({limit:g} s): the sweeper will forget its keys earlier.",
+                    hint="Raise MAX_RETENTION to the longest retention of any view.",
+                    obj=obj,
+                    id="django_idempotency.W002",
+                )
+            )
+    return warnings
+
+
 def _patterns(patterns: list[Any]) -> Iterator[URLPattern]:
     for pattern in patterns:
         if isinstance(pattern, URLResolver):
@@ -109,7 +210,7 @@ def _patterns(patterns: list[Any]) -> Iterator[URLPattern]:
 
 @register(Tags.urls)
 def check_atomic_requests(
-    app_configs: list[AppConfig] | None = None, **kwargs: Any
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[CheckMessage]:
     """W001: ``ATOMIC_REQUESTS`` with class views whose methods are ``@idempotent``.
 
@@ -137,7 +238,7 @@ def check_atomic_requests(
         ]
         if (view_class.__module__, view_class.__name__) in DECORATED:
             decorated.append(view_class.__name__)  # @idempotent below @api_view
-        exempt = getattr(callback, "_non_atomic_requests", set())
+        exempt: Container[str] = getattr(callback, "_non_atomic_requests", set())
         if decorated and not all(alias in exempt for alias in atomic_aliases):
             warnings.append(
                 Warning(
@@ -155,3 +256,144 @@ def check_atomic_requests(
                 )
             )
     return warnings
+
+
+# --- Production readiness (W003, W004, E007) ------------------------------------------
+
+#: The Celery task name of the retention sweeper (``django_idempotency.tasks``).
+SWEEP_TASK = "django_idempotency.sweep"
+#: Largest ``MAX_RESPONSE_BYTES``: PostgreSQL's limit for one ``bytea`` value (1 GB).
+MAX_RESPONSE_BYTES_LIMIT = 1024**3 - 1
+
+
+def _silence_hint(check_id: str) -> str:
+    return f"If this is deliberate, add {check_id!r} to SILENCED_SYSTEM_CHECKS."
+
+
+@register()
+def check_production_database(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """W003: the records' database is not PostgreSQL while ``DEBUG`` is ``False``."""
+    if settings.DEBUG:
+        return []
+    from django.db import connections
+
+    from .outbox import database_for_write as outbox_database
+    from .store import database_for_write as record_database
+
+    warnings: list[CheckMessage] = []
+    for alias in sorted({record_database(), outbox_database()}):
+        vendor = connections[alias].vendor
+        if vendor != "postgresql":
+            warnings.append(
+                Warning(
+                    f"django-idempotency keeps its records in the {alias!r} database, "
+                    f"which is {vendor}, not PostgreSQL, while DEBUG is False. Production "
+                    "guarantees (database clock for leases, concurrent claims across "
+                    "processes, partitioned retention) are documented for PostgreSQL.",
+                    hint="Use PostgreSQL in production (docs/storage.md); SQLite suits "
+                    "one process. " + _silence_hint("django_idempotency.W003"),
+                    id="django_idempotency.W003",
+                )
+            )
+    return warnings
+
+
+def _static_schedules() -> Iterator[Any]:
+    """The beat schedules configured in settings or on the running Celery app."""
+    for name in ("CELERY_BEAT_SCHEDULE", "CELERYBEAT_SCHEDULE"):
+        yield getattr(settings, name, None)
+    if "celery" in sys.modules:  # never import Celery just for a check
+        yield sys.modules["celery"].current_app.conf.beat_schedule
+
+
+def _sweeper_in_static_schedule() -> bool:
+    for schedule in _static_schedules():
+        if isinstance(schedule, dict) and any(
+            isinstance(entry, dict) and entry.get("task") == SWEEP_TASK
+            for entry in schedule.values()
+        ):
+            return True
+    return False
+
+
+def _no_sweeper(where: str) -> Warning:
+    return Warning(
+        f"No Celery beat schedule runs the retention sweeper ({SWEEP_TASK!r}) {where}: "
+        "expired idempotency records and sent outbox messages will pile up.",
+        hint=f"Schedule the task {SWEEP_TASK!r} hourly with Celery beat, or run "
+        "'manage.py idempotency_sweep' from cron (docs/retention.md). "
+        + _silence_hint("django_idempotency.W004"),
+        id="django_idempotency.W004",
+    )
+
+
+@register()
+def check_sweeper_scheduled(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """W004: ``DEBUG`` is ``False`` and no beat schedule in settings runs the sweeper.
+
+    With ``django_celery_beat`` installed the schedule lives in the database: the
+    database-tagged :func:`check_sweeper_scheduled_in_database` looks there instead.
+    """
+    if settings.DEBUG or _sweeper_in_static_schedule():
+        return []
+    if "django_celery_beat" in settings.INSTALLED_APPS:
+        return []
+    return [_no_sweeper("in CELERY_BEAT_SCHEDULE")]
+
+
+@register(Tags.database)
+def check_sweeper_scheduled_in_database(
+    app_configs: Sequence[AppConfig] | None = None,
+    databases: Sequence[str] | None = None,
+    **kwargs: Any,
+) -> list[CheckMessage]:
+    """W004 with ``django_celery_beat``: no enabled ``PeriodicTask`` runs the sweeper.
+
+    Runs only when a command asks for database checks (``check --database default``,
+    ``migrate``).
+    """
+    if settings.DEBUG or "django_celery_beat" not in settings.INSTALLED_APPS:
+        return []
+    if _sweeper_in_static_schedule():
+        return []
+    from django.apps import apps
+    from django.db import DatabaseError
+
+    app_label, model_name = "django_celery_beat", "PeriodicTask"  # optional: not typed here
+    periodic_task = apps.get_model(app_label, model_name)
+    for alias in databases or ():
+        try:
+            if periodic_task.objects.using(alias).filter(task=SWEEP_TASK, enabled=True).exists():
+                return []
+        except DatabaseError:  # not migrated yet: say nothing
+            return []
+    return [_no_sweeper("in CELERY_BEAT_SCHEDULE or django_celery_beat's periodic tasks")]
+
+
+@register()
+def check_response_size(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """E007: ``MAX_RESPONSE_BYTES`` is not ``None`` or 1 byte to 1 GB."""
+    if "MAX_RESPONSE_BYTES" not in DEFAULTS:
+        return []
+    value = conf.get("MAX_RESPONSE_BYTES")
+    if value is None or (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        and 1 <= value <= MAX_RESPONSE_BYTES_LIMIT
+    ):
+        return []
+    return [
+        Error(
+            f"IDEMPOTENCY['MAX_RESPONSE_BYTES'] must be None (no limit) or an integer "
+            f"from 1 to {MAX_RESPONSE_BYTES_LIMIT} bytes, not {value!r}.",
+            hint="It caps the response body stored for replay (default 1048576, 1 MiB); "
+            "larger responses are answered but replay as 410 (docs/robustness.md).",
+            id="django_idempotency.E007",
+        )
+    ]

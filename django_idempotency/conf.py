@@ -7,6 +7,7 @@ at import. Each key is documented in ``docs/configuration.md``.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Collection
 from typing import Any
 
@@ -28,14 +29,38 @@ DEFAULTS: dict[str, Any] = {
     "RELEASE_STATUSES": (408, 409, 425, 429),
     "RELEASE_PREDICATE": None,
     "PROBLEM_TYPE_BASE": "https://django-idempotency.readthedocs.io/en/stable/problems/#",
+    # Robustness and security (docs/robustness.md, docs/security.md).
+    "MAX_RESPONSE_BYTES": 1024 * 1024,
+    "BODY_CODEC": None,
+    # Outbox and relay (SPEC §5; docs/outbox.md).
+    "OUTBOX_BATCH_SIZE": 100,
+    "OUTBOX_RELAY_LEASE": 120.0,
+    "OUTBOX_MAX_ATTEMPTS": 10,
+    "OUTBOX_BACKOFF_BASE": 2.0,
+    "OUTBOX_BACKOFF_CAP": 3600.0,
+    "OUTBOX_KICK": True,
+    # Retention and the sweeper (SPEC §6; docs/retention.md).
+    "MAX_RETENTION": 7 * 24 * 60 * 60.0,
+    "PARTITION_RECORDS": True,
+    "PARTITIONS_AHEAD": 3,
+    "SWEEP_BATCH_SIZE": 5000,
+    "OUTBOX_RETENTION": 7 * 24 * 60 * 60.0,
 }
 
 
-def _resolve_callable(value: str | Callable[..., Any] | None) -> Callable[..., Any] | None:
-    """Return ``value`` itself if callable, the object at a dotted path if a string."""
+@functools.lru_cache(maxsize=64)
+def _import(path: str) -> Any:
+    return import_string(path)
+
+
+def resolve_callable(value: str | Callable[..., Any] | None) -> Callable[..., Any] | None:
+    """Return ``value`` itself if callable, the object at a dotted path if a string.
+
+    Imports are cached per path, so no request pays for ``import_string``.
+    """
     if value is None or callable(value):
         return value
-    return import_string(value)  # type: ignore[no-any-return]
+    return _import(value)  # type: ignore[no-any-return]
 
 
 class IdempotencySettings:
@@ -107,7 +132,7 @@ class IdempotencySettings:
     @property
     def principal_resolver(self) -> Callable[..., str | None]:
         """``callable(request) -> str | None`` naming the principal of a request."""
-        resolver = _resolve_callable(self.get("PRINCIPAL_RESOLVER"))
+        resolver = resolve_callable(self.get("PRINCIPAL_RESOLVER"))
         assert resolver is not None
         return resolver
 
@@ -119,12 +144,98 @@ class IdempotencySettings:
     @property
     def release_predicate(self) -> Callable[[int], bool] | None:
         """Optional ``callable(status) -> bool`` replacing the release-status rule."""
-        return _resolve_callable(self.get("RELEASE_PREDICATE"))
+        return resolve_callable(self.get("RELEASE_PREDICATE"))
 
     @property
     def problem_type_base(self) -> str:
         """Prefix of every problem ``type`` URI; the problem's slug is appended."""
         return str(self.get("PROBLEM_TYPE_BASE"))
+
+    @property
+    def max_response_bytes(self) -> int | None:
+        """Largest response body, in bytes, stored for replay (``None``: no limit).
+
+        A larger response still reaches the client and its completion still commits,
+        but only its status and headers are kept: a replay answers 410
+        ``response-too-large-to-replay`` (docs/robustness.md).
+        """
+        value = self.get("MAX_RESPONSE_BYTES")
+        return None if value is None else int(value)
+
+    @property
+    def body_codec(self) -> Any:
+        """The codec of stored response bodies, or ``None`` to store them as they are.
+
+        An object with ``encode(bytes) -> bytes`` and ``decode(bytes) -> bytes`` (e.g.
+        encryption at rest); the setting is the object or its dotted path
+        (docs/security.md).
+        """
+        value = self.get("BODY_CODEC")
+        return _import(value) if isinstance(value, str) else value
+
+    @property
+    def outbox_batch_size(self) -> int:
+        """Messages the relay claims per batch (``deliver_batch`` default)."""
+        return int(self.get("OUTBOX_BATCH_SIZE"))
+
+    @property
+    def outbox_relay_lease(self) -> float:
+        """Seconds a relay holds the messages it claimed before others may redeliver them."""
+        return float(self.get("OUTBOX_RELAY_LEASE"))
+
+    @property
+    def outbox_max_attempts(self) -> int:
+        """Delivery attempts before a message is dead-lettered (state ``dead``)."""
+        return int(self.get("OUTBOX_MAX_ATTEMPTS"))
+
+    @property
+    def outbox_backoff_base(self) -> float:
+        """Seconds: the retry delay's upper bound after the first failure (then doubles)."""
+        return float(self.get("OUTBOX_BACKOFF_BASE"))
+
+    @property
+    def outbox_backoff_cap(self) -> float:
+        """Seconds: the largest retry delay upper bound."""
+        return float(self.get("OUTBOX_BACKOFF_CAP"))
+
+    @property
+    def outbox_kick(self) -> bool:
+        """Whether a commit that enqueued messages starts the Celery relay task at once."""
+        return bool(self.get("OUTBOX_KICK"))
+
+    @property
+    def max_retention(self) -> float:
+        """Seconds: the longest retention window of any view; older days are swept.
+
+        Must be at least ``RETENTION`` and every view's ``retention`` (checks E006,
+        W002). The sweeper drops (PostgreSQL partitions) or deletes the records of
+        every whole UTC day that ended more than this long ago.
+        """
+        return float(self.get("MAX_RETENTION"))
+
+    @property
+    def partition_records(self) -> bool:
+        """Whether migration 0003 partitions the record table by day on PostgreSQL.
+
+        Read when ``migrate`` applies 0003, not at run time: the store detects the
+        table's kind on each database connection. See docs/retention.md to switch.
+        """
+        return bool(self.get("PARTITION_RECORDS"))
+
+    @property
+    def partitions_ahead(self) -> int:
+        """Days of partitions the sweeper keeps created ahead of today (PostgreSQL)."""
+        return int(self.get("PARTITIONS_AHEAD"))
+
+    @property
+    def sweep_batch_size(self) -> int:
+        """Rows per DELETE when the sweeper deletes instead of dropping partitions."""
+        return int(self.get("SWEEP_BATCH_SIZE"))
+
+    @property
+    def outbox_retention(self) -> float:
+        """Seconds a sent outbox message is kept (after ``sent_at``) before it is swept."""
+        return float(self.get("OUTBOX_RETENTION"))
 
 
 conf = IdempotencySettings()

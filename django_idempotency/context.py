@@ -2,7 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
+from contextvars import ContextVar
+
+from . import phases as _phases
 from . import store
+
+_current: ContextVar[IdempotencyContext | None] = ContextVar(
+    "django_idempotency_context", default=None
+)
+
+
+def current() -> IdempotencyContext | None:
+    """The context of the idempotent view running now (this thread or task), if any."""
+    return _current.get()
 
 
 class IdempotencyContext:
@@ -13,10 +27,13 @@ class IdempotencyContext:
         principal: the principal the record is scoped to.
         endpoint: the endpoint the record is scoped to (``"POST /v1/workers"``).
         taken_over: ``True`` when an earlier attempt's expired lease was taken over.
-        recovery_point: the last phase an earlier attempt finished (``""``: none).
+        recovery_point: the last phase finished, by an earlier attempt or by this one
+            (``""``: none). Updated as this request's phases commit.
+        phases: the phases the view declared, in order (``()``: not a phased view).
+        open_phase: the phase whose transaction is open now (``""``: none).
     """
 
-    def __init__(self, claim: store.Claim, *, lease: float) -> None:
+    def __init__(self, claim: store.Claim, *, lease: float, phases: tuple[str, ...] = ()) -> None:
         self._claim = claim
         self._lease = lease
         self.key = claim.scope.key
@@ -24,6 +41,9 @@ class IdempotencyContext:
         self.endpoint = claim.scope.endpoint
         self.taken_over = claim.taken_over
         self.recovery_point = claim.recovery_point
+        self.phases = phases
+        self.open_phase = ""
+        self._outbox_counts: dict[tuple[str, str], int] = {}
 
     @property
     def claim(self) -> store.Claim:
@@ -41,3 +61,63 @@ class IdempotencyContext:
             completion would be fenced off anyway.
         """
         return store.extend(self._claim, self._lease if seconds is None else seconds)
+
+    def derive_key(self, name: str) -> str:
+        """A stable sub-key for a downstream system: same key, same ``name``, same result.
+
+        Pass it as the idempotency key / request id of a downstream call so a retry
+        converges on the same downstream object. Format: ``phases.derive_key``
+        (``"idk_"`` + 32 lowercase hex characters).
+        """
+        return _phases.derive_key(self.principal, self.endpoint, self.key, name)
+
+    def done(self, name: str) -> bool:
+        """Whether phase ``name`` already finished (at or before the recovery point).
+
+        Raises:
+            phases.PhaseError: ``name`` is not a declared phase of the view.
+        """
+        here = _phases.position(self.phases, self.recovery_point)
+        return _phases.position(self.phases, name) <= here
+
+    def pending(self, name: str) -> bool:
+        """Whether phase ``name`` still has to run: ``not done(name)``."""
+        return not self.done(name)
+
+    def phase(self, name: str) -> AbstractContextManager[None]:
+        """The transaction of phase ``name`` of a view declared with ``phases=[...]``.
+
+        The block's writes and the new recovery point commit together, fenced by the
+        owner token. Python cannot skip a ``with`` body, so guard each phase::
+
+            if request.idempotency.pending("allocated"):
+                with request.idempotency.phase("allocated"):
+                    ...
+
+        Raises:
+            phases.PhaseError: the phase is unknown, already finished (the guard is
+                missing), before the recovery point, or nested in another phase.
+            store.LeaseLost: the claim was taken over; the phase rolled back.
+        """
+        return _phases.phase_block(self, name)
+
+    def next_outbox_key(self, topic: str) -> str:
+        """The default dedup key of the next message enqueued on ``topic`` (docs/outbox.md).
+
+        ``derive_key("outbox:<phase>:<topic>:<n>")``, ``<phase>`` the open phase (or
+        empty) and ``n`` counting this request's messages on that topic in that phase
+        from 0: a retry that re-runs the same code derives the same keys.
+        """
+        slot = (self.open_phase, topic)
+        n = self._outbox_counts.get(slot, 0)
+        self._outbox_counts[slot] = n + 1
+        return self.derive_key(f"outbox:{self.open_phase}:{topic}:{n}")
+
+    @contextmanager
+    def activated(self) -> Iterator[IdempotencyContext]:
+        """Make this the :func:`current` context inside the block."""
+        token = _current.set(self)
+        try:
+            yield self
+        finally:
+            _current.reset(token)

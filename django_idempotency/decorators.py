@@ -9,7 +9,7 @@ from typing import Any, TypeVar, overload
 
 from asgiref.sync import async_to_sync, sync_to_async
 
-from .glue import find_request, make_finalizer, mark_non_atomic, run
+from .glue import atomic_requests_blocks, find_request, make_finalizer, mark_non_atomic, run
 from .options import Options
 from .protocol import SAFE_METHODS
 
@@ -44,9 +44,24 @@ def _wrap_api_view(view: Any, decorate: Callable[[Any], Any]) -> Any:
         )
     for method in view_class.http_method_names:
         handler = view_class.__dict__.get(method)
-        if handler is not None and method.upper() not in SAFE_METHODS:
+        if handler is None:
+            continue
+        if method.upper() in SAFE_METHODS:
+            setattr(view_class, method, _in_atomic_requests(handler))
+        else:
             setattr(view_class, method, decorate(handler))
     return mark_non_atomic(view)
+
+
+def _in_atomic_requests(handler: Callable[..., Any]) -> Callable[..., Any]:
+    """``handler`` inside the ``ATOMIC_REQUESTS`` blocks its view no longer gets."""
+
+    @wraps(handler)
+    def _atomic_handler(*args: Any, **kwargs: Any) -> Any:
+        with atomic_requests_blocks():
+            return handler(*args, **kwargs)
+
+    return _atomic_handler
 
 
 @overload
@@ -78,6 +93,9 @@ def idempotent(view: F | None = None, /, **options: Any) -> F | Callable[[F], F]
         principal (callable): ``request -> str | None``, who the key belongs to.
         endpoint (str): fixed endpoint name instead of ``"METHOD /route"``.
         release (callable): ``status -> bool``, release instead of store.
+        phases (list[str]): the view's atomic phases in order; each
+            ``request.idempotency.phase(name)`` block commits on its own and a retry
+            resumes after the last finished one (docs/phases.md).
 
     Raises:
         TypeError: an unknown or invalid option, or the decorator applied to a

@@ -5,11 +5,14 @@ Inputs, in order, each framed by its length so no two inputs can run together:
 1. a version tag (``fp1``), so a future change of scheme never matches an old hash;
 2. the method, upper case;
 3. the full path (``request.path``, including any script prefix);
-4. the query string, parsed and sorted by (name, value), blanks kept;
+4. the query string, parsed and sorted by (name, value), blanks kept; escapes are
+   decoded byte for byte (Django decodes them with the request's charset, so two
+   different byte strings must never look the same here);
 5. the configured headers (``FINGERPRINT_HEADERS``), lower-cased name and value;
 6. the body, by media type:
 
-   * JSON (``application/json``, ``*/*+json``): parsed and re-serialised canonically
+   * JSON (``application/json``, ``*/*+json``): decoded with the declared charset
+     (default ``DEFAULT_CHARSET``), parsed and re-serialised canonically
      (keys sorted, compact separators, non-ASCII kept). Key order and white space do
      not matter; ``{}``, ``[]``, ``null`` and an absent field all stay distinct.
      Excluded fields (``FINGERPRINT_EXCLUDE``, dotted paths) are removed first.
@@ -28,6 +31,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 from urllib.parse import parse_qsl
 
+from django.conf import settings
 from django.http import HttpRequest
 from django.http.request import RawPostDataException
 
@@ -114,8 +118,10 @@ def _body_parts(request: HttpRequest, parsed: Any, exclude: Iterable[str]) -> li
         raise
     if is_json(media_type) and body:
         try:
-            data = json.loads(body)
-        except ValueError:
+            # Decoded with the declared charset, as DRF's JSONParser does: the same
+            # bytes sent as latin-1 and as UTF-8 are two different requests.
+            data = json.loads(body.decode(request.encoding or settings.DEFAULT_CHARSET))
+        except (ValueError, LookupError):
             return [b"raw", body]
         return [b"json", canonical_json(data, exclude)]
     return [b"raw", body]
@@ -143,8 +149,15 @@ def compute(
     Raises:
         django.http.request.RawPostDataException: the body was consumed and no parsed
             form of it is available.
+        RecursionError: a JSON body nested too deeply for Python's ``json`` module.
+        django.core.exceptions.RequestDataTooBig (and Django's other body errors):
+            raised by ``request.body`` / ``request.POST`` while reading the body.
     """
-    query = sorted(parse_qsl(request.META.get("QUERY_STRING", ""), keep_blank_values=True))
+    # Percent-escapes decoded as latin-1, one character per byte: two query strings
+    # differ here whenever their bytes differ, whatever charset the view decodes with.
+    query = sorted(
+        parse_qsl(request.META.get("QUERY_STRING", ""), keep_blank_values=True, encoding="latin-1")
+    )
     header_values = sorted((name.lower(), request.headers.get(name, "")) for name in headers)
     parts: list[bytes] = [
         VERSION,

@@ -51,7 +51,7 @@ def parse_key(raw: str | None, *, max_length: int) -> str | None:
     if not value:
         raise InvalidKey("The Idempotency-Key header is empty; send 1 or more characters.")
     if value.startswith('"'):
-        item = http_sfv.Item()
+        item = http_sfv.Item()  # type: ignore[attr-defined]  # re-exported, no __all__
         try:
             item.parse(value.encode("ascii"))
         except (ValueError, UnicodeEncodeError) as exc:

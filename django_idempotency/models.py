@@ -1,9 +1,10 @@
-"""The idempotency record: one row per (principal, endpoint, key) (SPEC §3, §4)."""
+"""The idempotency record (SPEC §3, §4) and the outbox message (SPEC §5)."""
 
 from __future__ import annotations
 
 import uuid
 
+from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
@@ -71,3 +72,81 @@ class IdempotencyRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.endpoint} {self.key} ({self.state})"
+
+
+class OutboxState(models.TextChoices):
+    """States of an outbox message (SPEC §5).
+
+    A message being delivered stays ``pending``: the relay leases it by moving its
+    ``available_at`` into the future, so a relay that dies mid-delivery leaves it
+    deliverable once that lease runs out.
+    """
+
+    PENDING = "pending", _("pending")
+    SENT = "sent", _("sent")
+    DEAD = "dead", _("dead")
+
+
+class OutboxMessage(models.Model):
+    """An effect outside the database, written in the view's transaction (SPEC §5).
+
+    Rows are created by ``django_idempotency.outbox.enqueue`` and delivered by the relay
+    (``django_idempotency.relay``). ``attempts`` counts deliveries started, so a relay
+    killed mid-delivery counts as an attempt. ``available_at`` is when the message is
+    next due (while a relay holds it: when that relay's lease ends). Times follow the
+    clock in ``django_idempotency.clock``.
+
+    ``record`` links the idempotency record of the request that enqueued it. It has no
+    database constraint (the record table may be partitioned and swept by dropping
+    whole days), so after a sweep it may name a record that no longer exists.
+    """
+
+    topic = models.CharField(_("topic"), max_length=255)
+    payload = models.JSONField(_("payload"), default=dict, encoder=DjangoJSONEncoder)
+    dedup_key = models.CharField(_("dedup key"), max_length=255)
+    state = models.CharField(
+        _("state"), max_length=16, choices=OutboxState.choices, default=OutboxState.PENDING
+    )
+    attempts = models.PositiveIntegerField(_("attempts"), default=0)
+    available_at = models.DateTimeField(_("available at"), default=timezone.now)
+    last_error = models.TextField(_("last error"), blank=True)
+    created_at = models.DateTimeField(_("created at"), default=timezone.now)
+    sent_at = models.DateTimeField(_("sent at"), null=True, blank=True)
+    record = models.ForeignKey(
+        IdempotencyRecord,
+        verbose_name=_("idempotency record"),
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        db_constraint=False,
+        related_name="outbox_messages",
+    )
+
+    class Meta:  # noqa: D106
+        db_table = "django_idempotency_outbox"
+        verbose_name = _("outbox message")
+        verbose_name_plural = _("outbox messages")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["topic", "dedup_key"], name="django_idempotency_outbox_dedup_uniq"
+            ),
+            check_constraint(
+                models.Q(state__in=OutboxState.values), "django_idempotency_outbox_state_valid"
+            ),
+        ]
+        indexes = [
+            # The relay's query: pending messages due now, oldest first.
+            models.Index(
+                fields=["available_at", "id"],
+                condition=models.Q(state=OutboxState.PENDING),
+                name="django_idem_outbox_due",
+            ),
+            models.Index(
+                fields=["sent_at"],
+                condition=models.Q(state=OutboxState.SENT),
+                name="django_idem_outbox_sent",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.topic} #{self.pk} ({self.state})"

@@ -6,7 +6,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 from typing import Any
 
-from .conf import conf
+from .conf import conf, resolve_callable
+from .responses import FORBIDDEN_HEADERS
+from .phases import validate_phases
 
 PrincipalResolver = Callable[[Any], "str | None"]
 ReleasePredicate = Callable[[int], bool]
@@ -25,9 +27,14 @@ class Options:
         replay_headers: extra response headers to store and replay.
         fingerprint_exclude: body fields left out of the fingerprint (dotted paths).
         fingerprint_headers: request headers that are part of the fingerprint.
-        principal: ``callable(request) -> str | None``; ``None`` refuses the request.
+        principal: ``callable(request) -> str | None`` (or its dotted path); a ``None``
+            result refuses the request.
         endpoint: a fixed endpoint name instead of "METHOD /route".
-        release: ``callable(status) -> bool``: release (``True``) or store the response.
+        release: ``callable(status) -> bool`` (or its dotted path): release (``True``)
+            or store the response.
+        phases: the names of the view's atomic phases, in order (SPEC §5,
+            docs/phases.md). Non-empty: the view runs outside one transaction and
+            each ``request.idempotency.phase(name)`` block commits on its own.
     """
 
     required: bool | None = None
@@ -37,9 +44,10 @@ class Options:
     replay_headers: tuple[str, ...] = ()
     fingerprint_exclude: tuple[str, ...] = ()
     fingerprint_headers: tuple[str, ...] = ()
-    principal: PrincipalResolver | None = None
+    principal: PrincipalResolver | str | None = None
     endpoint: str | None = None
-    release: ReleasePredicate | None = None
+    release: ReleasePredicate | str | None = None
+    phases: tuple[str, ...] = ()
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> Options:
@@ -59,14 +67,27 @@ class Options:
             value = kwargs.get(name)
             if value is not None and not float(value) > 0:
                 raise TypeError(f"{name} must be a positive number of seconds, not {value!r}")
+        lease, retention = kwargs.get("lease"), kwargs.get("retention")
+        if lease is not None and retention is not None and float(lease) >= float(retention):
+            raise TypeError(f"lease ({lease} s) must be shorter than retention ({retention} s)")
         if kwargs.get("wait") is not None and float(kwargs["wait"]) < 0:
             raise TypeError(f"wait must be 0 or more seconds, not {kwargs['wait']!r}")
+        if "phases" in kwargs:
+            kwargs["phases"] = validate_phases(kwargs["phases"])
         for name in ("replay_headers", "fingerprint_exclude", "fingerprint_headers"):
             if name in kwargs:
                 value = kwargs[name]
                 if isinstance(value, str):
                     raise TypeError(f"{name} takes a list of strings, not one string")
                 kwargs[name] = tuple(value)
+        forbidden = sorted(
+            h for h in kwargs.get("replay_headers", ()) if h.lower() in FORBIDDEN_HEADERS
+        )
+        if forbidden:
+            raise TypeError(
+                f"replay_headers names headers that are never stored or replayed: "
+                f"{', '.join(forbidden)} (credentials, cookies, hop-by-hop, tracing)"
+            )
         return cls(**kwargs)
 
     def merged(self, other: Options) -> Options:
@@ -108,8 +129,12 @@ class Options:
         return (*conf.fingerprint_headers, *self.fingerprint_headers)
 
     def get_principal(self) -> PrincipalResolver:
-        """Effective principal resolver."""
-        return self.principal or conf.principal_resolver
+        """Effective principal resolver (a callable, or a dotted path to one)."""
+        if self.principal is None:
+            return conf.principal_resolver
+        resolver = resolve_callable(self.principal)
+        assert resolver is not None
+        return resolver
 
     def should_release(self, status: int) -> bool:
         """Whether a returned ``status`` releases the key instead of being stored.
@@ -118,7 +143,7 @@ class Options:
         (408, 409, 425, 429). A view's ``release`` or the ``RELEASE_PREDICATE``
         setting replaces the rule.
         """
-        predicate = self.release or conf.release_predicate
+        predicate = resolve_callable(self.release) or conf.release_predicate
         if predicate is not None:
             return bool(predicate(status))
         return status >= 500 or status in conf.release_statuses

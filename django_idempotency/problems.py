@@ -8,7 +8,9 @@ trace or the idempotency key itself.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from django.http import HttpResponse
 
@@ -31,12 +33,20 @@ INVALID_KEY = ProblemType("invalid-key", 400, "Invalid Idempotency-Key header")
 UNREADABLE_BODY = ProblemType("unreadable-body", 400, "Request body could not be read")
 BODY_TOO_LARGE = ProblemType("body-too-large", 413, "Request body too large")
 NO_PRINCIPAL = ProblemType("no-principal", 401, "Authentication required for idempotent requests")
+#: The same problem where no authentication scheme can be challenged (RFC 9110
+#: §15.5.2 requires ``WWW-Authenticate`` with a 401), as DRF answers 403 then.
+NO_PRINCIPAL_FORBIDDEN = ProblemType(
+    "no-principal", 403, "Authentication required for idempotent requests"
+)
 KEY_REUSED = ProblemType("key-reused", 422, "Idempotency-Key reused with a different request")
 IN_FLIGHT = ProblemType(
     "request-in-flight", 409, "A request with this Idempotency-Key is in progress"
 )
 LEASE_LOST = ProblemType("lease-lost", 409, "This request lost its claim on the Idempotency-Key")
 STORE_UNAVAILABLE = ProblemType("store-unavailable", 503, "Idempotency store unavailable")
+RESPONSE_TOO_LARGE = ProblemType(
+    "response-too-large-to-replay", 410, "The stored response is too large to replay"
+)
 
 ALL = (
     MISSING_KEY,
@@ -48,11 +58,16 @@ ALL = (
     IN_FLIGHT,
     LEASE_LOST,
     STORE_UNAVAILABLE,
+    RESPONSE_TOO_LARGE,
 )
 
 
 def problem_response(
-    problem: ProblemType, detail: str, *, retry_after: int | None = None
+    problem: ProblemType,
+    detail: str,
+    *,
+    retry_after: int | None = None,
+    extensions: Mapping[str, Any] | None = None,
 ) -> HttpResponse:
     """Build the problem+json response for ``problem``.
 
@@ -60,17 +75,21 @@ def problem_response(
         problem: one of this module's ``ProblemType`` constants.
         detail: a sentence for the client: what happened and what to do.
         retry_after: seconds for a ``Retry-After`` header (RFC 9110 §10.2.3), if any.
+        extensions: extra JSON members (RFC 9457 §3.2), e.g. ``{"original_status": 201}``;
+            they never override the four standard members.
 
     Returns:
         An ``HttpResponse`` with status ``problem.status`` and a JSON body holding
         ``type``, ``title``, ``status`` and ``detail``.
     """
-    body = {
+    body: dict[str, Any] = {
         "type": conf.problem_type_base + problem.slug,
         "title": problem.title,
         "status": problem.status,
         "detail": detail,
     }
+    for name, value in (extensions or {}).items():
+        body.setdefault(name, value)
     response = HttpResponse(json.dumps(body), status=problem.status, content_type=CONTENT_TYPE)
     if retry_after is not None:
         response["Retry-After"] = str(max(0, int(retry_after)))

@@ -10,24 +10,26 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, InterfaceError, transaction
 from django.http import HttpRequest, UnreadablePostError
 from django.http.multipartparser import MultiPartParserError
 from django.http.request import RawPostDataException
 from django.http.response import HttpResponseBase
 
-from . import fingerprint, problems, signals, store
+from . import fingerprint, phases, problems, signals, store
 from .conf import conf
 from .context import IdempotencyContext
 from .keys import HEADER, InvalidKey, parse_key
+from .logging import key_hash
 from .options import Options
-from .responses import build, rebuild_consumed, snapshot
+from .responses import REPLAYED_HEADER, build, rebuild_consumed, snapshot
 
 logger = logging.getLogger("django_idempotency")
 
@@ -67,19 +69,34 @@ def _fit(value: str) -> str:
     return f"{value[: _COLUMN - 66]}~{digest}"
 
 
+_CONVERTER = re.compile(r"<(?:\w+:)?(\w+)>")
+_NAMED_GROUP = re.compile(r"\(\?P<(\w+)>(?:[^()]|\([^()]*\))*\)")
+
+
+def normalise_route(route: str) -> str:
+    """A URL pattern in the ``/v1/workers/{id}/reboot`` form (SPEC §3).
+
+    ``<int:pk>`` (``path()``) and ``(?P<pk>[^/.]+)`` (``re_path()``, DRF routers)
+    both become ``{pk}``; regex anchors and a leading slash are dropped.
+    """
+    route = _CONVERTER.sub(r"{\1}", _NAMED_GROUP.sub(r"{\1}", route))
+    return route.lstrip("^").rstrip("$").lstrip("/")
+
+
 def endpoint_for(request: HttpRequest, options: Options, view_name: str) -> str:
     """The endpoint of ``request``: ``"METHOD /route"`` (SPEC §3).
 
-    The route is the URL pattern that matched (``v1/workers/<str:pk>/reboot``), so
-    one view serving many resources is one endpoint; the fingerprint tells the
+    The route is the URL pattern that matched, normalised (``v1/workers/{pk}/reboot``),
+    so one view serving many resources is one endpoint; the fingerprint tells the
     resources apart. Without a resolver match (a view called directly), the view's
     dotted name stands in for the route. ``options.endpoint`` overrides both.
     """
     if options.endpoint:
         return _fit(options.endpoint)
     match = getattr(request, "resolver_match", None)
-    route = getattr(match, "route", None) or view_name
-    return _fit(f"{(request.method or '').upper()} /{route.lstrip('^/')}")
+    route = getattr(match, "route", None)
+    route = normalise_route(route) if route else view_name
+    return _fit(f"{(request.method or '').upper()} /{route}")
 
 
 def _problem(kind: problems.ProblemType, detail: str, **kw: Any) -> Respond:
@@ -114,6 +131,30 @@ def _fingerprint(request: Any, http: HttpRequest, options: Options) -> str | Res
             f"The request body could not be read ({type(exc).__name__}); nothing was "
             "done. Check its Content-Type and encoding, then retry with the same key.",
         )
+    except RecursionError:  # json.loads / json.dumps on absurdly deep nesting
+        return _problem(
+            problems.UNREADABLE_BODY,
+            "The JSON request body is nested too deeply to be read; nothing was done. "
+            "Flatten it, then retry.",
+        )
+
+
+def _no_principal(request: Any) -> Respond:
+    """401 with the view's ``WWW-Authenticate`` challenge (DRF), else 403, as DRF does."""
+    challenge = None
+    for authenticator in getattr(request, "authenticators", None) or ():
+        challenge = authenticator.authenticate_header(request)
+        if challenge:
+            break
+    detail = (
+        f"Requests with an {HEADER} must be authenticated, so that one client's key "
+        "never collides with another's. Authenticate and retry."
+    )
+    if not challenge:
+        return _problem(problems.NO_PRINCIPAL_FORBIDDEN, detail)
+    respond = _problem(problems.NO_PRINCIPAL, detail)
+    respond.response["WWW-Authenticate"] = challenge
+    return respond
 
 
 def begin(request: Any, options: Options, *, view_name: str) -> Bypass | Respond | Proceed:
@@ -146,11 +187,7 @@ def begin(request: Any, options: Options, *, view_name: str) -> Bypass | Respond
         return BYPASS
     principal = options.get_principal()(request)
     if not principal:
-        return _problem(
-            problems.NO_PRINCIPAL,
-            f"Requests with an {HEADER} must be authenticated, so that one client's "
-            "key never collides with another's. Authenticate and retry.",
-        )
+        return _no_principal(request)
     fp = _fingerprint(request, http, options)
     if isinstance(fp, Respond):
         return fp
@@ -159,7 +196,11 @@ def begin(request: Any, options: Options, *, view_name: str) -> Bypass | Respond
 
 
 def _claim(scope: store.Scope, fp: str, options: Options) -> Respond | Proceed:
-    signal_kwargs = {"principal": scope.principal, "endpoint": scope.endpoint}
+    signal_kwargs = {
+        "principal": scope.principal,
+        "endpoint": scope.endpoint,
+        "key_hash": key_hash(scope.key),
+    }
     deadline = time.monotonic() + options.get_wait()
     delay = 0.05
     while True:
@@ -167,8 +208,7 @@ def _claim(scope: store.Scope, fp: str, options: Options) -> Respond | Proceed:
             result = store.claim(
                 scope, fp, lease=options.get_lease(), retention=options.get_retention()
             )
-        except DatabaseError as exc:
-            logger.error("idempotency store unavailable: %s", exc, extra=signal_kwargs)
+        except (DatabaseError, InterfaceError) as exc:
             signals.store_failed.send(scope.endpoint, error=exc, **signal_kwargs)
             return _problem(
                 problems.STORE_UNAVAILABLE,
@@ -178,8 +218,6 @@ def _claim(scope: store.Scope, fp: str, options: Options) -> Respond | Proceed:
             )
         if isinstance(result, store.Claim):
             signals.claimed.send(scope.endpoint, taken_over=result.taken_over, **signal_kwargs)
-            if result.taken_over:
-                logger.warning("idempotency lease taken over", extra=signal_kwargs)
             return Proceed(result, options)
         if result.fingerprint != fp:
             signals.mismatched.send(scope.endpoint, **signal_kwargs)
@@ -190,6 +228,8 @@ def _claim(scope: store.Scope, fp: str, options: Options) -> Respond | Proceed:
             )
         if result.response is not None:
             signals.replayed.send(scope.endpoint, status=result.response.status, **signal_kwargs)
+            if not result.response.replayable:
+                return Respond(_too_large_to_replay(result.response))
             return Respond(build(result.response, replayed=True))
         remaining = deadline - time.monotonic()
         if remaining <= 0:
@@ -219,10 +259,10 @@ class _Release(Exception):
 
 
 def _release(claim: store.Claim, status: int | None) -> None:
-    kwargs = {"principal": claim.scope.principal, "endpoint": claim.scope.endpoint}
+    kwargs = _kw(claim)
     try:
         store.release(claim)
-    except DatabaseError as exc:  # the lease expires on its own; never mask the cause
+    except (DatabaseError, InterfaceError) as exc:  # the lease runs out; never mask the cause
         logger.error("could not release idempotency claim: %s", exc, extra=kwargs)
         return
     signals.released.send(claim.scope.endpoint, status=status, **kwargs)
@@ -234,7 +274,7 @@ def execute(
     call: Callable[[], HttpResponseBase],
     finalize: Callable[[HttpResponseBase], HttpResponseBase],
 ) -> HttpResponseBase:
-    """Run the view once for a claimed key and settle the claim (SPEC §4).
+    """Run the view once for a claimed key and settle the claim (SPEC §4, §5).
 
     Args:
         proceed: the claim from :func:`begin`.
@@ -247,11 +287,54 @@ def execute(
         problem if the completion was fenced off (everything rolled back).
 
     Raises:
-        Whatever the view raised, after rolling back and releasing the key.
+        Whatever the view raised, after rolling back and releasing the key (a phased
+        view that finished a phase keeps its claim instead: docs/phases.md).
     """
     claim, options = proceed.claim, proceed.options
-    attach(request, IdempotencyContext(claim, lease=options.get_lease()))
-    kwargs = {"principal": claim.scope.principal, "endpoint": claim.scope.endpoint}
+    context = IdempotencyContext(claim, lease=options.get_lease(), phases=options.phases)
+    attach(request, context)
+    with context.activated():
+        if options.phases:  # no single transaction: each phase commits on its own
+            try:
+                response, stored = phases.execute(context, options, call, finalize, _release)
+            except store.LeaseLost:
+                return _lease_lost(claim)
+            except phases.CompletionFailed as exc:
+                return _completion_failed(claim, exc.__cause__ or exc)
+            if stored is not None:
+                signals.completed.send(claim.scope.endpoint, status=stored.status, **_kw(claim))
+            return response
+        return _execute_atomic(claim, options, call, finalize)
+
+
+def _kw(claim: store.Claim) -> dict[str, str]:
+    """The keyword arguments of every signal about ``claim`` (signals.py)."""
+    return {
+        "principal": claim.scope.principal,
+        "endpoint": claim.scope.endpoint,
+        "key_hash": key_hash(claim.scope.key),
+    }
+
+
+def _lease_lost(claim: store.Claim) -> HttpResponseBase:
+    signals.fenced.send(claim.scope.endpoint, **_kw(claim))
+    return problems.problem_response(
+        problems.LEASE_LOST,
+        "This request ran longer than its lease and another attempt with the same "
+        "key took over; its changes were rolled back. Retry with the same key to "
+        "get the result of the attempt that completed.",
+        retry_after=conf.retry_after,
+    )
+
+
+def _execute_atomic(
+    claim: store.Claim,
+    options: Options,
+    call: Callable[[], HttpResponseBase],
+    finalize: Callable[[HttpResponseBase], HttpResponseBase],
+) -> HttpResponseBase:
+    """The view and its completion in one ``transaction.atomic()`` block (SPEC §4)."""
+    completing = False
     try:
         with transaction.atomic(using=claim.using):
             response = finalize(call())
@@ -260,22 +343,58 @@ def execute(
             stored = snapshot(response, options.get_replay_headers())
             if getattr(response, "streaming", False):
                 response = rebuild_consumed(response, stored)
+            completing = True
             store.complete(claim, stored)
     except _Release as release:
         _release(claim, release.response.status_code)
         return release.response
     except store.LeaseLost:
-        logger.warning("idempotency completion fenced off; rolled back", extra=kwargs)
-        signals.fenced.send(claim.scope.endpoint, **kwargs)
-        return problems.problem_response(
-            problems.LEASE_LOST,
-            "This request ran longer than its lease and another attempt with the same "
-            "key took over; its changes were rolled back. Retry with the same key to "
-            "get the result of the attempt that completed.",
-            retry_after=conf.retry_after,
-        )
+        return _lease_lost(claim)
+    except (DatabaseError, InterfaceError) as exc:
+        _release(claim, None)
+        if not completing:
+            raise  # the view's own database error: the view's 500
+        return _completion_failed(claim, exc)
     except BaseException:
         _release(claim, None)
         raise
-    signals.completed.send(claim.scope.endpoint, status=stored.status, **kwargs)
+    signals.completed.send(claim.scope.endpoint, status=stored.status, **_kw(claim))
+    return response
+
+
+def _completion_failed(claim: store.Claim, exc: BaseException) -> HttpResponseBase:
+    """503 for a store failure while completing (the UPDATE or the COMMIT).
+
+    Whatever happened, the record and the view's writes share one transaction: either
+    both committed (the record is completed, the release above left it alone, a retry
+    replays) or neither did (the claim was released, or its lease runs out; a retry
+    runs the view). The client cannot tell which, so it is told to retry.
+    """
+    signals.store_failed.send(claim.scope.endpoint, error=exc, **_kw(claim))
+    return problems.problem_response(
+        problems.STORE_UNAVAILABLE,
+        "The idempotency store failed while saving the result of this request, so it "
+        "may or may not have taken effect. Retry later with the same key: you will get "
+        "its result, or it will run once.",
+        retry_after=conf.retry_after,
+    )
+
+
+def _too_large_to_replay(stored: store.StoredResponse) -> HttpResponseBase:
+    """410 for a completed request whose body was too large to keep (MAX_RESPONSE_BYTES).
+
+    The request ran and will not run again; the client gets its status and the
+    replayable headers that point at the result (Location, ETag, ...).
+    """
+    response = problems.problem_response(
+        problems.RESPONSE_TOO_LARGE,
+        f"The request with this {HEADER} already completed with status {stored.status}, "
+        "but its response was too large to keep for replay. It will not run again; "
+        "fetch its result instead (see the Location header, if any).",
+        extensions={"original_status": stored.status},
+    )
+    for name, value in stored.headers:
+        if name.lower() not in ("content-type", "content-language"):
+            response[name] = value
+    response[REPLAYED_HEADER] = "true"
     return response

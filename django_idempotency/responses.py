@@ -8,8 +8,9 @@ per-request tracing headers. Every replay carries ``Idempotent-Replayed: true``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import AsyncIterable, Iterable
 
+from asgiref.sync import async_to_sync
 from django.http import HttpResponse
 from django.http.response import HttpResponseBase
 
@@ -68,9 +69,19 @@ def replayable_names(extra: Iterable[str]) -> frozenset[str]:
     return (STANDARD_REPLAY_HEADERS | {name.lower() for name in extra}) - FORBIDDEN_HEADERS
 
 
+async def _collect(parts: AsyncIterable[bytes]) -> bytes:
+    return b"".join([part async for part in parts])
+
+
 def response_body(response: HttpResponseBase) -> bytes:
-    """The full body of ``response`` as bytes; a streaming body is consumed."""
+    """The full body of ``response`` as bytes; a streaming body is consumed.
+
+    An async streaming body (an async view's ``StreamingHttpResponse`` over an async
+    iterator) is consumed on the event loop through ``async_to_sync``.
+    """
     if getattr(response, "streaming", False):
+        if getattr(response, "is_async", False):
+            return async_to_sync(_collect)(response.streaming_content)  # type: ignore[attr-defined]
         return b"".join(response.streaming_content)  # type: ignore[attr-defined]
     return bytes(response.content)  # type: ignore[attr-defined]
 

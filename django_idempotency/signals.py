@@ -1,8 +1,11 @@
 """Signals sent at each decision of the protocol, for metrics and audit hooks.
 
 Every signal is sent with ``sender`` = the endpoint (``"POST /v1/workers"``) and the
-keyword arguments ``principal`` and ``endpoint``; some add more, listed below. Receivers
+keyword arguments ``principal``, ``endpoint`` and ``key_hash`` (a short digest of the
+key, ``django_idempotency.logging.key_hash``); some add more, listed below. Receivers
 must be cheap and must not raise: they run on the request path. Keys are never sent.
+The app's own receivers: structured logs (``logging.py``, always connected) and
+metrics (``metrics.connect(sink)``, opt-in).
 """
 
 from __future__ import annotations
@@ -23,5 +26,5 @@ fenced = Signal()
 released = Signal()
 #: A response was stored (``status``).
 completed = Signal()
-#: The store failed while claiming: 503 (``error``: the exception).
+#: The store failed while claiming or completing: 503 (``error``: the exception).
 store_failed = Signal()

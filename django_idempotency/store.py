@@ -12,6 +12,8 @@
   token. Zero rows means the lease was lost: :class:`LeaseLost` is raised so the
   caller's block, business writes included, rolls back.
 * :func:`release`: delete a claim we own (failure before any effect).
+* :func:`advance`: a phase finished (recovery point), fenced; :func:`suspend`: end
+  the lease of a phased claim that failed after a phase, so a retry resumes it.
 * :func:`extend`: heartbeat, pushing ``lease_until`` forward; commits at once.
 
 Leases and expiry follow one clock: see ``django_idempotency.clock``.
@@ -19,8 +21,10 @@ Leases and expiry follow one clock: see ``django_idempotency.clock``.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
+import logging
 import uuid
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -32,9 +36,13 @@ from django.db.models.expressions import RawSQL
 
 from . import clock
 from ._pg import PG_CLAIM_SQL, PG_EXTEND_SQL, PG_FETCH_SQL, pg_now
+from ._pg_partitioned import PG_PARTITIONED_CLAIM_SQL, is_partitioned
+from .conf import conf
 from .models import IdempotencyRecord, RecordState
 
 Headers = list[tuple[str, str]]
+
+logger = logging.getLogger("django_idempotency")
 
 #: Attempts at "claim, or settle on the row we collided with" before answering 409.
 _MAX_ROUNDS = 5
@@ -55,11 +63,16 @@ class Scope:
 
 @dataclass(frozen=True)
 class StoredResponse:
-    """A response as stored: status, replayable headers (name, value) and body bytes."""
+    """A response as stored: status, replayable headers (name, value) and body bytes.
+
+    ``replayable`` is ``False`` for a completed response whose body was longer than
+    ``MAX_RESPONSE_BYTES``: only its status and headers were kept (``body`` is empty).
+    """
 
     status: int
     headers: Headers
     body: bytes
+    replayable: bool = True
 
 
 @dataclass(frozen=True)
@@ -68,7 +81,8 @@ class Claim:
 
     ``taken_over`` is true when the expired lease of an earlier attempt was taken
     over; ``recovery_point`` is then the last phase that attempt finished (SPEC §5).
-    ``using`` is the database alias of the record.
+    ``using`` is the database alias of the record; ``committed`` is false when the
+    claim was made inside a caller's transaction and is not yet visible to others.
     """
 
     scope: Scope
@@ -77,6 +91,7 @@ class Claim:
     taken_over: bool
     recovery_point: str
     using: str
+    committed: bool = True
 
 
 @dataclass(frozen=True)
@@ -124,10 +139,12 @@ def _headers_from_db(value: Any) -> Headers:
 def _existing(row: dict[str, Any]) -> Existing:
     response = None
     if row["state"] == RecordState.COMPLETED:
+        raw = row["response_body"]
         response = StoredResponse(
             status=int(row["response_status"]),
             headers=_headers_from_db(row["response_headers"]),
-            body=bytes(row["response_body"] or b""),
+            body=b"" if raw is None else decode_body(raw),
+            replayable=raw is not None,
         )
     return Existing(
         record_id=row["id"],
@@ -161,7 +178,7 @@ def fetch(scope: Scope, *, using: str | None = None) -> Existing | None:
                 return None
             columns = [col.name for col in cursor.description]
         return _existing(dict(zip(columns, row, strict=True)))
-    values = (
+    found = (
         IdempotencyRecord.objects.using(using)
         .filter(**_scope_filter(scope))
         .values(
@@ -178,8 +195,9 @@ def fetch(scope: Scope, *, using: str | None = None) -> Existing | None:
         )
         .first()
     )
-    if values is None:
+    if found is None:
         return None
+    values: dict[str, Any] = dict(found)
     now = clock.app_now()
     values["lease_remaining"] = (values["lease_until"] - now).total_seconds()
     values["expired"] = values["expires_at"] <= now
@@ -213,6 +231,19 @@ def claim(
         django.db.DatabaseError: the database failed; nothing was claimed.
     """
     using = using or database_for_write()
+    if connections[using].in_atomic_block:
+        # Inside a transaction we did not open (TestCase, ATOMIC_REQUESTS without the
+        # exemption) the claim is not committed until that transaction is.
+        won = _claim(scope, fingerprint, lease, retention, using)
+        if isinstance(won, Claim):
+            return dataclasses.replace(won, committed=False)
+        return won
+    return _claim(scope, fingerprint, lease, retention, using)
+
+
+def _claim(
+    scope: Scope, fingerprint: str, lease: float, retention: float, using: str
+) -> Claim | Existing:
     token = uuid.uuid4()
     existing: Existing | None = None
     for _round in range(_MAX_ROUNDS):
@@ -254,8 +285,11 @@ def _insert(
         params = _pg_params(
             scope, fingerprint=fingerprint, token=token, lease=lease, retention=retention
         )
+        # A day-partitioned table (docs/retention.md) has no unique index to conflict
+        # with: a server-side function locks the scope, looks it up, then inserts.
+        sql = PG_PARTITIONED_CLAIM_SQL if is_partitioned(connection) else PG_CLAIM_SQL
         with block, connection.cursor() as cursor:
-            cursor.execute(PG_CLAIM_SQL, params)
+            cursor.execute(sql, params)
             row = cursor.fetchone()
             columns = [col.name for col in cursor.description] if row else []
         if row is None:
@@ -289,12 +323,16 @@ def _reuse_expired(
     retention: float,
 ) -> bool:
     """Turn a record past its retention window into a fresh claim (a new key)."""
+    if is_partitioned(connections[using]):
+        # Never rewrite created_at, the partition key: the claim function replaces
+        # the row by a new one in today's partition on the caller's next round.
+        return False
     updated = (
         IdempotencyRecord.objects.using(using)
         .filter(
             Q(state=RecordState.COMPLETED) | Q(lease_until__lte=_now_value(using)),
             pk=existing.record_id,
-            owner_token=existing.owner_token,
+            owner_token=existing.owner_token,  # type: ignore[misc]  # set on every row read
             expires_at__lte=_now_value(using),
         )
         .update(
@@ -321,7 +359,7 @@ def _take_over(using: str, existing: Existing, token: uuid.UUID, lease: float) -
         .filter(
             pk=existing.record_id,
             state=RecordState.CLAIMED,
-            owner_token=existing.owner_token,
+            owner_token=existing.owner_token,  # type: ignore[misc]  # set on every row read
             recovery_point=existing.recovery_point,
             lease_until__lte=_now_value(using),
         )
@@ -340,18 +378,28 @@ def complete(claim: Claim, response: StoredResponse) -> None:
     """Mark the claim completed with ``response``, fenced by the owner token.
 
     Must run inside the atomic block that holds the view's business writes, so the
-    effect and the record commit together (SPEC §4).
+    effect and the record commit together (SPEC §4). The body is written through
+    :func:`encode_body`: dropped past ``MAX_RESPONSE_BYTES``, else encoded by
+    ``BODY_CODEC``.
 
     Raises:
         LeaseLost: no row matched: the lease ran out and another request took the key
             over. Let it propagate out of the atomic block so everything rolls back.
     """
+    body = encode_body(response.body)
+    if body is None:
+        logger.warning(
+            "response of %d bytes exceeds MAX_RESPONSE_BYTES; stored without its body, "
+            "a replay answers 410",
+            len(response.body),
+            extra={"principal": claim.scope.principal, "endpoint": claim.scope.endpoint},
+        )
     now = _now_value(claim.using)
     updated = _fenced(claim).update(
         state=RecordState.COMPLETED,
         response_status=response.status,
         response_headers=[list(pair) for pair in response.headers],
-        response_body=response.body,
+        response_body=body,
         completed_at=now,
         lease_until=now,
     )
@@ -359,10 +407,59 @@ def complete(claim: Claim, response: StoredResponse) -> None:
         raise LeaseLost(f"record {claim.record_id}: the lease was lost before completion")
 
 
+def encode_body(body: bytes) -> bytes | None:
+    """What :func:`complete` writes as ``response_body`` for a response body.
+
+    ``None`` (SQL NULL: not replayable) when ``body`` is longer than the
+    ``MAX_RESPONSE_BYTES`` setting, else ``body`` passed through ``BODY_CODEC``'s
+    ``encode`` (unchanged without a codec). The limit applies to the plain body.
+    """
+    limit = conf.max_response_bytes
+    if limit is not None and len(body) > limit:
+        return None
+    codec = conf.body_codec
+    return body if codec is None else bytes(codec.encode(body))
+
+
+def decode_body(stored: bytes | memoryview) -> bytes:
+    """A stored ``response_body`` as the view returned it: ``BODY_CODEC``'s ``decode``.
+
+    Raises:
+        Whatever the codec raises for data it cannot decode (e.g. a removed key).
+    """
+    codec = conf.body_codec
+    data = bytes(stored)
+    return data if codec is None else bytes(codec.decode(data))
+
+
 def release(claim: Claim) -> bool:
     """Delete the claim if this request still owns it. Returns whether a row went."""
-    deleted, _ = _fenced(claim).delete()
-    return bool(deleted)
+    # One fenced DELETE. ``.delete()`` would collect the rows first (outbox messages
+    # point here with SET_NULL) and then delete by primary key alone, unfenced.
+    return bool(_fenced(claim)._raw_delete(claim.using))
+
+
+def advance(claim: Claim, recovery_point: str) -> None:
+    """Record that phase ``recovery_point`` finished, fenced by the owner token (SPEC §5).
+
+    Must run inside the phase's atomic block, so the phase's writes and the new
+    recovery point commit together.
+
+    Raises:
+        LeaseLost: another request took the key over; let it roll the phase back.
+    """
+    if _fenced(claim).update(recovery_point=recovery_point) != 1:
+        raise LeaseLost(f"record {claim.record_id}: the lease was lost before {recovery_point!r}")
+
+
+def suspend(claim: Claim) -> bool:
+    """End the lease now, keeping the claim and its recovery point (fenced).
+
+    For a phased request that failed after a phase committed: its effects exist, so
+    the key is not released; the client's retry takes the claim over at once and
+    resumes after the recovery point. Returns whether the claim was still ours.
+    """
+    return bool(_fenced(claim).update(lease_until=_now_value(claim.using)))
 
 
 def extend(claim: Claim, seconds: float) -> bool:
@@ -379,17 +476,20 @@ def extend(claim: Claim, seconds: float) -> bool:
     connection = connections[claim.using]
     if connection.vendor != "postgresql":
         return bool(_fenced(claim).update(lease_until=_now_value(claim.using, seconds)))
-    params = {
+    params: dict[str, Any] = {
         "id": claim.record_id,
         "token": claim.owner_token,
         "seconds": seconds,
         "clock_offset": clock.offset(),
     }
-    target = connection.copy() if connection.in_atomic_block else connection
+    # A committed claim is extended from a second connection when the view's
+    # transaction is open; an uncommitted one only exists in this connection.
+    side = connection.in_atomic_block and claim.committed
+    target = connection.copy() if side else connection
     try:
         with target.cursor() as cursor:
             cursor.execute(PG_EXTEND_SQL, params)
-            return cursor.rowcount == 1
+            return bool(cursor.rowcount == 1)
     finally:
         if target is not connection:
             target.close()

@@ -150,7 +150,7 @@ def test_route_pattern_is_the_endpoint_and_path_is_fingerprinted(api, key):
     assert post(api, f"/widgets/{w1.pk}/reboot", key=key).status_code == 200
     problem(post(api, f"/widgets/{w2.pk}/reboot", key=key), 422, "key-reused")
     record = IdempotencyRecord.objects.get(key=key)
-    assert record.endpoint == "POST /widgets/<int:pk>/reboot"
+    assert record.endpoint == "POST /widgets/{pk}/reboot"
     w2.refresh_from_db()
     assert w2.size == 0
 
@@ -169,9 +169,15 @@ def test_principals_never_see_each_others_records(alice, bob, key):
 def test_anonymous_keyed_request_is_refused(key):
     from rest_framework.test import APIClient
 
-    response = post(APIClient(), "/plain", key=key)
+    # A plain Django view has no authentication scheme to challenge: 403.
+    problem(post(APIClient(), "/plain", key=key), 403, "no-principal")
+    # A DRF view that allows anonymous callers: 401 with the view's challenge.
+    response = post(APIClient(), "/anonymous", key=key)
     problem(response, 401, "no-principal")
+    assert response["WWW-Authenticate"] == "Token"
     assert Widget.objects.count() == 0
+    # Without a key the view runs as DRF allows... unless the key is required (it is).
+    problem(post(APIClient(), "/anonymous"), 400, "missing-key")
 
 
 def test_drf_authentication_runs_before_the_claim(key):
@@ -285,6 +291,8 @@ def test_viewset_mixin_protects_listed_actions_only(api, key):
     assert api.get(f"/vs/widgets/{pk}/").status_code == 200
     record = IdempotencyRecord.objects.get(key=key)
     assert (record.expires_at - record.created_at).total_seconds() == pytest.approx(3600)
+    assert record.endpoint == "POST /vs/widgets/"
+    assert IdempotencyRecord.objects.get(key=k2).endpoint == "POST /vs/widgets/{pk}/resize/"
 
 
 def test_plain_django_view_with_session_auth(db, key):
@@ -317,3 +325,10 @@ def test_streaming_response_is_stored_and_replayed(db, key):
     )
     again = client.post("/stream", HTTP_IDEMPOTENCY_KEY=key)
     assert again.content == b"part1,part2" and again["Content-Type"] == "text/plain"
+
+
+def test_heartbeat_inside_a_test_transaction(api, key):
+    """Inside TestCase the claim is uncommitted; the heartbeat still reaches it."""
+    response = post(api, "/heartbeat", {}, key)
+    assert response.status_code == 201
+    assert json.loads(response.content) == {"extended": True}

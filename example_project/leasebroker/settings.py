@@ -8,6 +8,11 @@ file next to ``manage.py``), read with django-environ:
 * ``SECRET_KEY``, ``DEBUG`` (default on: this is a demo), ``ALLOWED_HOSTS``.
 * ``CELERY_BROKER_URL``: read but unused for now (default: empty).
 * ``LEASEBROKER_REBOOT_SECONDS``: how long the fake hypervisor takes to reboot.
+* ``LEASEBROKER_BOOT_SECONDS``: how long it takes to boot a new worker (default 0).
+* ``LEASEBROKER_IDEMPOTENCY_LEASE``: the idempotency lease in seconds (default 60);
+  the retry-storm demo shortens it to show a crashed request's key taken over.
+* ``LEASEBROKER_IDEMPOTENCY_REQUIRED``: default on; off lets the benchmarks send
+  unkeyed requests, which then run unprotected (the baseline).
 """
 
 from __future__ import annotations
@@ -104,10 +109,10 @@ REST_FRAMEWORK = {
 
 IDEMPOTENCY = {
     # A mutating request without an Idempotency-Key header is refused with 400.
-    "REQUIRED": True,
+    "REQUIRED": env.bool("LEASEBROKER_IDEMPOTENCY_REQUIRED", default=True),
     # Seconds an in-flight request holds its key; a duplicate meanwhile gets 409.
     # Far longer than our slowest handler (a reboot takes LEASEBROKER_REBOOT_SECONDS).
-    "LEASE": 60.0,
+    "LEASE": env.float("LEASEBROKER_IDEMPOTENCY_LEASE", default=60.0),
     # Seconds a finished response is replayed (24 h, as Stripe). Provisioning
     # (POST /v1/workers) keeps its keys for 7 days: see workers/views.py.
     "RETENTION": 24 * 60 * 60.0,
@@ -124,5 +129,7 @@ IDEMPOTENCY = {
 
 # The fake hypervisor (workers/hypervisor.py): seconds one reboot takes.
 LEASEBROKER_REBOOT_SECONDS = env.float("LEASEBROKER_REBOOT_SECONDS", default=1.0)
+# Seconds one boot of a new worker takes (0: instant).
+LEASEBROKER_BOOT_SECONDS = env.float("LEASEBROKER_BOOT_SECONDS", default=0.0)
 # How long a lease on a worker lasts, and what one renewal adds (seconds).
 LEASEBROKER_LEASE_SECONDS = env.int("LEASEBROKER_LEASE_SECONDS", default=24 * 60 * 60)

@@ -8,7 +8,14 @@ from django.conf import settings
 
 
 def boot(worker_id: str) -> str:
-    """Start a worker; returns its state. Instant in this fake."""
+    """Start a worker; returns its state.
+
+    Takes ``LEASEBROKER_BOOT_SECONDS`` (default 0: instant). The retry-storm demo
+    makes it slow to kill a server process in the middle of a create.
+    """
+    seconds = float(getattr(settings, "LEASEBROKER_BOOT_SECONDS", 0.0))
+    if seconds > 0:
+        time.sleep(seconds)
     return "running"
 
 

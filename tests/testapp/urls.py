@@ -20,5 +20,8 @@ urlpatterns = [
     path("plain", views.plain_view),
     path("stream", views.streaming_view),
     path("async", views.async_view),
+    path("anonymous", views.anonymous_allowed),
+    path("provision", views.provision),
+    path("notify", views.notify),
     *router.urls,
 ]

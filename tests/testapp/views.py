@@ -1,13 +1,16 @@
 from __future__ import annotations
 
+import threading
+
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework import serializers, status, viewsets
-from rest_framework.decorators import action, api_view
+from rest_framework.decorators import action, api_view, permission_classes
+from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from django_idempotency import IdempotentMixin, idempotent
+from django_idempotency import IdempotentMixin, idempotent, outbox
 
 from .gates import GATES, HOOKS
 from .models import Widget
@@ -145,8 +148,109 @@ def streaming_view(request: HttpRequest) -> StreamingHttpResponse:
     return StreamingHttpResponse(iter([b"part1,", b"part2"]), content_type="text/plain")
 
 
-@csrf_exempt
-@idempotent
+@idempotent  # no csrf_exempt: on Django 4.2 it wraps async views in a sync function
 async def async_view(request: HttpRequest) -> HttpResponse:
     widget = await Widget.objects.acreate(name="async")
     return JsonResponse({"id": widget.pk}, status=201)
+
+
+# --- Phases and outbox (SPEC §5) ---------------------------------------------------
+
+
+class FakeHypervisor:
+    """A downstream API that accepts a caller-supplied boot id and dedups on it.
+
+    ``calls`` records every boot request; ``boots`` maps each distinct boot id to the
+    VM it created, so "one boot per key" is ``len(boots)`` per key.
+    """
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.calls: list[tuple[str, str]] = []
+        self.boots: dict[str, str] = {}
+
+    def boot(self, worker: str, *, boot_id: str) -> str:
+        with self.lock:
+            self.calls.append((worker, boot_id))
+            return self.boots.setdefault(boot_id, f"vm-{len(self.boots) + 1}")
+
+    def find(self, boot_id: str) -> str | None:
+        with self.lock:
+            return self.boots.get(boot_id)
+
+    def reset(self) -> None:
+        with self.lock:
+            self.calls.clear()
+            self.boots.clear()
+
+
+HYPERVISOR = FakeHypervisor()
+PROVISION_PHASES = ["allocated", "leased", "booted"]
+#: Widget.size of a provisioned worker after each phase.
+PHASE_SIZES = {"allocated": 0, "leased": 1, "booted": 2}
+
+
+def _crash(where: str) -> None:
+    """Raise once at ``where`` if a test asked for it (``HOOKS["crash"] = where``)."""
+    if HOOKS.get("crash") == where:
+        del HOOKS["crash"]
+        raise RuntimeError(f"crash {where}")
+
+
+@idempotent(phases=PROVISION_PHASES, lease=5)
+@api_view(["POST"])
+def provision(request):
+    """allocate -> lease -> boot, each phase its own transaction; the worker is a Widget
+    named by a derived key, found again by that name when a retry resumes."""
+    idem = request.idempotency
+    name = idem.derive_key("worker")
+    if idem.pending("allocated"):
+        with idem.phase("allocated"):
+            Widget.objects.create(name=name, size=PHASE_SIZES["allocated"])
+            outbox.enqueue("worker.created", {"name": name})
+            _crash("in:allocated")
+    _crash("after:allocated")
+    _gate(request)
+    if idem.pending("leased"):
+        with idem.phase("leased"):
+            Widget.objects.filter(name=name).update(size=PHASE_SIZES["leased"])
+    _crash("after:leased")
+    status_after_leased = HOOKS.pop("status_after_leased", None)
+    if status_after_leased:
+        return Response({"detail": "hypervisor busy"}, status=status_after_leased)
+    boot_id = idem.derive_key("boot")
+    if idem.pending("booted"):
+        with idem.phase("booted"):
+            HYPERVISOR.boot(name, boot_id=boot_id)
+            _crash("in:booted")  # after the downstream call, before the commit
+            Widget.objects.filter(name=name).update(size=PHASE_SIZES["booted"])
+    _crash("after:booted")
+    worker = Widget.objects.get(name=name)
+    return Response(
+        {"id": worker.pk, "size": worker.size, "vm": HYPERVISOR.find(boot_id)}, status=201
+    )
+
+
+@idempotent
+@api_view(["POST"])
+def notify(request):
+    """Creates a Widget and enqueues a message; raises or fails when the body asks."""
+    widget = Widget.objects.create(name="notify")
+    first = outbox.enqueue("widget.created", {"id": widget.pk})
+    second = outbox.enqueue("widget.created", {"id": widget.pk, "again": True})
+    if request.data.get("raise"):
+        raise RuntimeError("boom after enqueue")
+    code = int(request.data.get("status", 201))
+    return Response(
+        {"messages": [first.pk, second.pk], "keys": [first.dedup_key, second.dedup_key]},
+        status=code,
+    )
+
+
+@api_view(["POST"])
+@permission_classes([AllowAny])
+@idempotent
+def anonymous_allowed(request):
+    """DRF lets anonymous callers in; the app still refuses keyed anonymous requests."""
+    Widget.objects.create(name="anonymous")
+    return Response({"ok": True}, status=201)

@@ -1,0 +1,231 @@
+"""PostgreSQL SQL of the day-partitioned record table (SPEC §6; docs/retention.md).
+
+A unique index on a partitioned table must contain the partition key, so the
+(principal, endpoint, key) uniqueness of SPEC §4 cannot be a unique index here. It is
+enforced by one rule that every writer follows: hold a transaction-scoped advisory
+lock on a hash of the scope, then look the scope up (a fresh snapshot, READ
+COMMITTED), then insert. Two server-side functions apply it:
+
+* ``django_idempotency_claim(...)``: the claim, one statement and one round trip.
+  It also replaces a record past its retention window by a new row (delete, then
+  insert) instead of rewriting ``created_at``, the partition key.
+* ``django_idempotency_record_scope_unique()``: a ``BEFORE INSERT OR UPDATE OF
+  principal, endpoint, key`` trigger applying the same rule to every other writer (the
+  ORM, a psql session), raising ``unique_violation`` like the constraint it replaces.
+  Rows inserted by the claim carry its owner token in a transaction-local setting and
+  skip the second check.
+
+Partitions are named ``django_idempotency_record_pYYYYMMDD`` and hold one UTC day of
+``created_at``. There is no default partition: ``django_idempotency_ensure_partition``
+creates a missing day on demand (the claim calls it when today's is absent).
+
+The ``*_V1`` statements are run by migration 0003: never edit them. A change ships as
+new statements and a new migration.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+from weakref import WeakKeyDictionary
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+TABLE = "django_idempotency_record"
+#: Partition names: ``PARTITION_PREFIX`` + ``YYYYMMDD`` (UTC day of ``created_at``).
+PARTITION_PREFIX = f"{TABLE}_p"
+#: First key of the two-integer advisory locks: the sweeper's session lock is
+#: ``(LOCK_NAMESPACE, 1)``; creating day ``d`` takes ``(LOCK_NAMESPACE + 1, d - 2000-01-01)``.
+#: (Scope locks use the one-bigint form, a separate key space.)
+LOCK_NAMESPACE = 1768187245  # "idem"
+SWEEP_LOCK = (LOCK_NAMESPACE, 1)
+#: Seed of ``hashtextextended`` for the scope's advisory lock.
+_SCOPE_SEED = 7310034283826791680
+
+_SCOPE_LOCK = (
+    "pg_advisory_xact_lock(hashtextextended("
+    "{p}principal || chr(31) || {p}endpoint || chr(31) || {p}key, "
+    f"{_SCOPE_SEED}))"
+)
+# The lookup must see every row committed before the lock was granted: only READ
+# COMMITTED takes a new snapshot per statement.
+_READ_COMMITTED_ONLY = """
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'django-idempotency: writes to the partitioned record table need '
+            'READ COMMITTED transactions, not %', current_setting('transaction_isolation')
+            USING ERRCODE = 'feature_not_supported',
+                  HINT = 'Use READ COMMITTED (Django''s default) for the idempotency '
+                         'database, or keep the plain table: see docs/retention.md.';
+    END IF;"""
+
+ENSURE_PARTITION_FUNCTION_V1 = f"""
+CREATE OR REPLACE FUNCTION django_idempotency_ensure_partition(p_day date)
+RETURNS boolean LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+    v_parent regclass := '{TABLE}'::regclass;
+    v_schema name;
+    v_name name := '{PARTITION_PREFIX}' || to_char(p_day, 'YYYYMMDD');
+BEGIN
+    -- One creator per day at a time; held until this transaction ends.
+    PERFORM pg_advisory_xact_lock({LOCK_NAMESPACE + 1}, p_day - DATE '2000-01-01');
+    IF EXISTS (SELECT 1 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+               WHERE i.inhparent = v_parent AND c.relname = v_name) THEN
+        RETURN false;
+    END IF;
+    SELECT n.nspname INTO v_schema FROM pg_class c
+    JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = v_parent;
+    -- CREATE + ATTACH takes SHARE UPDATE EXCLUSIVE on the parent, which claims and
+    -- updates (ROW EXCLUSIVE) do not wait for; CREATE ... PARTITION OF would take
+    -- ACCESS EXCLUSIVE.
+    EXECUTE format('CREATE TABLE %I.%I (LIKE %s INCLUDING DEFAULTS INCLUDING CONSTRAINTS)',
+                   v_schema, v_name, v_parent);
+    EXECUTE format('ALTER TABLE %s ATTACH PARTITION %I.%I FOR VALUES FROM (%L) TO (%L)',
+                   v_parent, v_schema, v_name,
+                   p_day::timestamp AT TIME ZONE 'UTC',
+                   (p_day + 1)::timestamp AT TIME ZONE 'UTC');
+    RETURN true;
+END
+$fn$;
+"""
+
+CLAIM_FUNCTION_V1 = f"""
+CREATE OR REPLACE FUNCTION django_idempotency_claim(
+    p_principal varchar, p_endpoint varchar, p_key varchar, p_fingerprint varchar,
+    p_token uuid, p_lease float8, p_retention float8, p_clock_offset float8
+) RETURNS TABLE (
+    won boolean, id bigint, owner_token uuid, state varchar, fingerprint varchar,
+    recovery_point varchar, lease_remaining float8, expired boolean,
+    response_status integer, response_headers jsonb, response_body bytea
+) LANGUAGE plpgsql VOLATILE AS $fn$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz := statement_timestamp() + p_clock_offset * interval '1 second';
+    v_day date := (v_now AT TIME ZONE 'UTC')::date;
+    v_row {TABLE}%ROWTYPE;
+    v_id bigint;
+BEGIN{_READ_COMMITTED_ONLY}
+    -- 1. Serialise every writer of this scope until this transaction ends.
+    PERFORM {_SCOPE_LOCK.format(p="p_")};
+    -- 2. Look it up. At READ COMMITTED each statement of a volatile function takes a
+    --    new snapshot, so every row committed by an earlier holder of the lock is seen.
+    SELECT * INTO v_row FROM {TABLE} r
+    WHERE r.principal = p_principal AND r.endpoint = p_endpoint AND r.key = p_key;
+    IF FOUND THEN
+        IF v_row.expires_at > v_now
+           OR (v_row.state = 'claimed' AND v_row.lease_until > v_now) THEN
+            -- It stands: replay, 422, 409 or takeover; the caller decides.
+            RETURN QUERY SELECT false, v_row.id, v_row.owner_token, v_row.state,
+                v_row.fingerprint, v_row.recovery_point,
+                EXTRACT(EPOCH FROM v_row.lease_until - v_now)::float8,
+                v_row.expires_at <= v_now, v_row.response_status::integer,
+                v_row.response_headers, v_row.response_body;
+            RETURN;
+        END IF;
+        -- Past its retention window: the key is new. Delete the row and insert a fresh
+        -- one in today's partition (the partition key is never rewritten).
+        DELETE FROM {TABLE} r
+        WHERE r.id = v_row.id AND r.created_at = v_row.created_at
+          AND r.expires_at <= v_now AND (r.state = 'completed' OR r.lease_until <= v_now);
+        IF NOT FOUND THEN
+            RETURN;  -- changed since the lookup (takeover, heartbeat): caller re-reads
+        END IF;
+    END IF;
+    -- 3. Insert. Today's partition normally exists (the sweeper creates days ahead).
+    IF to_regclass('{PARTITION_PREFIX}' || to_char(v_day, 'YYYYMMDD')) IS NULL THEN
+        PERFORM django_idempotency_ensure_partition(v_day);
+    END IF;
+    PERFORM set_config('django_idempotency.claim_token', p_token::text, true);
+    INSERT INTO {TABLE} AS r (
+        principal, endpoint, key, fingerprint, state, owner_token, lease_until,
+        recovery_point, response_headers, created_at, expires_at)
+    VALUES (
+        p_principal, p_endpoint, p_key, p_fingerprint, 'claimed', p_token,
+        v_now + p_lease * interval '1 second', '', '[]'::jsonb, v_now,
+        v_now + p_retention * interval '1 second')
+    RETURNING r.id INTO v_id;
+    RETURN QUERY SELECT true, v_id, NULL::uuid, NULL::varchar, NULL::varchar,
+        NULL::varchar, NULL::float8, NULL::boolean, NULL::integer, NULL::jsonb,
+        NULL::bytea;
+END
+$fn$;
+"""
+
+SCOPE_TRIGGER_FUNCTION_V1 = f"""
+CREATE OR REPLACE FUNCTION django_idempotency_record_scope_unique()
+RETURNS trigger LANGUAGE plpgsql VOLATILE AS $fn$
+BEGIN
+    IF NEW.owner_token::text = current_setting('django_idempotency.claim_token', true) THEN
+        RETURN NEW;  -- inserted by django_idempotency_claim(), checked under the lock
+    END IF;
+    IF TG_OP = 'UPDATE' AND NEW.principal = OLD.principal AND NEW.endpoint = OLD.endpoint
+       AND NEW.key = OLD.key THEN
+        RETURN NEW;
+    END IF;{_READ_COMMITTED_ONLY}
+    PERFORM {_SCOPE_LOCK.format(p="NEW.")};
+    IF EXISTS (SELECT 1 FROM {TABLE} r
+               WHERE r.principal = NEW.principal AND r.endpoint = NEW.endpoint
+                 AND r.key = NEW.key AND r.id <> NEW.id) THEN
+        RAISE EXCEPTION 'duplicate key value violates unique constraint "%"',
+            '{TABLE}_scope_uniq'
+            USING ERRCODE = 'unique_violation', CONSTRAINT = '{TABLE}_scope_uniq',
+                  TABLE = '{TABLE}',
+                  DETAIL = 'Key (principal, endpoint, key) already exists.';
+    END IF;
+    RETURN NEW;
+END
+$fn$;
+"""
+
+SCOPE_TRIGGER_V1 = f"""
+CREATE TRIGGER {TABLE}_scope_unique
+BEFORE INSERT OR UPDATE OF principal, endpoint, key ON {TABLE}
+FOR EACH ROW EXECUTE FUNCTION django_idempotency_record_scope_unique()
+"""
+
+DROP_FUNCTIONS_V1 = [
+    "DROP FUNCTION IF EXISTS django_idempotency_claim("
+    "varchar, varchar, varchar, varchar, uuid, float8, float8, float8)",
+    "DROP FUNCTION IF EXISTS django_idempotency_ensure_partition(date)",
+    "DROP FUNCTION IF EXISTS django_idempotency_record_scope_unique()",
+]
+
+#: The claim on a partitioned table: one statement, one round trip.
+PG_PARTITIONED_CLAIM_SQL = """
+SELECT won, id, owner_token, state, fingerprint, recovery_point, lease_remaining,
+       expired, response_status, response_headers, response_body
+FROM django_idempotency_claim(
+    %(principal)s::varchar, %(endpoint)s::varchar, %(key)s::varchar,
+    %(fingerprint)s::varchar, %(token)s::uuid, %(lease)s::float8,
+    %(retention)s::float8, %(clock_offset)s::float8)
+"""
+
+_kinds: WeakKeyDictionary[Any, bool] = WeakKeyDictionary()
+_kinds_lock = threading.Lock()
+
+
+def is_partitioned(connection: BaseDatabaseWrapper) -> bool:
+    """Whether the record table on ``connection`` is a partitioned PostgreSQL table.
+
+    Asked once per database connection (one catalog query), then cached on the
+    driver's connection object, so the claim's hot path pays nothing. ``False`` on
+    other backends, and when the table does not exist.
+    """
+    if connection.vendor != "postgresql":
+        return False
+    connection.ensure_connection()
+    raw = connection.connection
+    kind = _kinds.get(raw)
+    if kind is None:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)", [TABLE])
+            row = cursor.fetchone()
+        kind = row is not None and row[0] == "p"
+        with _kinds_lock:
+            _kinds[raw] = kind
+    return kind
+
+
+def forget() -> None:
+    """Drop the cached table kinds (after a migration changed the table)."""
+    with _kinds_lock:
+        _kinds.clear()

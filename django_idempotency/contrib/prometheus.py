@@ -1,0 +1,207 @@
+"""Prometheus metrics: ``pip install django-idempotency[prometheus]``.
+
+Call :func:`install` once, when the apps are ready (your ``AppConfig.ready()``)::
+
+    from django_idempotency.contrib import prometheus
+
+    prometheus.install()
+
+It registers, in ``prometheus_client``'s default registry (or ``registry=``), one
+counter per event of ``django_idempotency.metrics`` (``django_idempotency_replays_total``,
+``..._in_flight_conflicts_total``, ``..._key_reuses_total``, ``..._takeovers_total``,
+``..._fenced_rollbacks_total`` ...), the histogram ``..._outbox_delivery_lag_seconds``
+and the outbox gauges (``..._outbox_lag_seconds``, ``..._outbox_due_messages``,
+``..._outbox_dead_messages`` ...), read from the database at each scrape. Expose the
+registry as you already do (``django-prometheus``, ``prometheus_client.start_http_server``,
+``make_wsgi_app``). Metric names and alert rules: docs/observability.md.
+
+``prometheus_client`` is imported when this module is, never by the rest of the app.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping
+
+from django.db import DatabaseError, connections
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from .. import metrics
+
+logger = logging.getLogger("django_idempotency.metrics")
+
+NAMESPACE = "django_idempotency"
+
+#: Histogram buckets for the outbox delivery lag, seconds (a relay every 5 s to hours).
+LAG_BUCKETS = (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 1800, 3600, 4 * 3600, float("inf"))
+
+
+class PrometheusSink:
+    """A metrics sink writing ``prometheus_client`` instruments.
+
+    One counter or histogram per metric of ``django_idempotency.metrics.METRICS``.
+
+    Args:
+        registry: where the instruments are registered (default: the global one).
+        namespace: metric name prefix.
+    """
+
+    def __init__(self, registry: CollectorRegistry = REGISTRY, namespace: str = NAMESPACE) -> None:
+        self.registry = registry
+        self.instruments: dict[str, Counter | Histogram] = {}
+        for metric in metrics.METRICS:
+            if metric.kind == "histogram":
+                self.instruments[metric.name] = Histogram(
+                    metric.name,
+                    metric.description,
+                    metric.labels,
+                    namespace=namespace,
+                    registry=registry,
+                    buckets=LAG_BUCKETS,
+                )
+            else:
+                self.instruments[metric.name] = Counter(
+                    metric.name,
+                    metric.description,
+                    metric.labels,
+                    namespace=namespace,
+                    registry=registry,
+                )
+
+    def increment(self, metric: metrics.Metric, labels: Mapping[str, str]) -> None:
+        """Add one to the counter for ``metric``."""
+        counter = self.instruments[metric.name]
+        assert isinstance(counter, Counter)
+        counter.labels(**labels).inc()
+
+    def observe(self, metric: metrics.Metric, value: float, labels: Mapping[str, str]) -> None:
+        """Observe ``value`` in the histogram for ``metric``."""
+        histogram = self.instruments[metric.name]
+        assert isinstance(histogram, Histogram)
+        histogram.labels(**labels).observe(value)
+
+    def unregister(self) -> None:
+        """Remove the instruments from the registry."""
+        for instrument in self.instruments.values():
+            self.registry.unregister(instrument)
+
+
+class OutboxCollector(Collector):
+    """Outbox gauges computed at scrape time by ``metrics.outbox_stats``.
+
+    Gauges (with the namespace prefix): ``outbox_pending_messages``,
+    ``outbox_due_messages``, ``outbox_dead_messages``, ``outbox_lag_seconds`` and
+    ``outbox_oldest_pending_age_seconds``. A database error skips them for that
+    scrape (and is logged); Prometheus then shows the series as absent, which
+    ``absent()`` alerts can catch.
+
+    Args:
+        using: database alias (default: the router's choice for ``OutboxMessage``).
+        namespace: metric name prefix.
+        close_connection: close this thread's connection after each scrape. Use it
+            when scrapes run in threads of their own (``start_http_server``), so no
+            connection is left open per scrape thread.
+    """
+
+    def __init__(
+        self,
+        using: str | None = None,
+        namespace: str = NAMESPACE,
+        *,
+        close_connection: bool = False,
+    ) -> None:
+        self.using = using
+        self.prefix = f"{namespace}_" if namespace else ""
+        self.close_connection = close_connection
+
+    def _families(self, stats: metrics.OutboxStats | None) -> list[GaugeMetricFamily]:
+        rows = [
+            ("outbox_pending_messages", "Outbox messages not yet delivered.", "pending"),
+            ("outbox_due_messages", "Pending outbox messages due now (relay backlog).", "due"),
+            ("outbox_dead_messages", "Dead-lettered outbox messages.", "dead"),
+            ("outbox_lag_seconds", "Seconds the oldest due message has waited.", "lag"),
+            (
+                "outbox_oldest_pending_age_seconds",
+                "Seconds since the oldest pending message was enqueued.",
+                "oldest_pending_age",
+            ),
+        ]
+        families = []
+        for name, doc, field in rows:
+            value = None if stats is None else float(getattr(stats, field))
+            families.append(GaugeMetricFamily(self.prefix + name, doc, value=value))
+        return families
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        """The gauges' names, without touching the database (registration)."""
+        return iter(self._families(None))
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        """Query the outbox and yield the gauges (none if the database failed)."""
+        try:
+            stats = metrics.outbox_stats(self.using)
+        except DatabaseError:
+            logger.warning("outbox gauges skipped: the database failed", exc_info=True)
+            return iter(())
+        finally:
+            if self.close_connection:
+                from ..outbox import database_for_write
+
+                connection = connections[self.using or database_for_write()]
+                if not connection.in_atomic_block:
+                    connection.close()
+        return iter(self._families(stats))
+
+
+_installed: dict[int, tuple[PrometheusSink, OutboxCollector | None]] = {}
+
+
+def install(
+    registry: CollectorRegistry = REGISTRY,
+    *,
+    namespace: str = NAMESPACE,
+    outbox: bool = True,
+    using: str | None = None,
+    close_connection: bool = False,
+) -> PrometheusSink:
+    """Create the instruments, connect them to the signals, register the outbox gauges.
+
+    Idempotent per registry: a second call returns the first call's sink.
+
+    Args:
+        registry: the ``prometheus_client`` registry (default: the global one).
+        namespace: metric name prefix.
+        outbox: register the :class:`OutboxCollector` gauges (needs the outbox table:
+            migrated). In ``prometheus_client`` multiprocess mode, register them only
+            in the process that serves the scrape (docs/observability.md).
+        using: database alias the gauges read.
+        close_connection: see :class:`OutboxCollector`.
+
+    Returns:
+        The connected sink.
+    """
+    found = _installed.get(id(registry))
+    if found is not None:
+        return found[0]
+    sink = PrometheusSink(registry, namespace)
+    collector = None
+    if outbox:
+        collector = OutboxCollector(using, namespace, close_connection=close_connection)
+        registry.register(collector)
+    metrics.connect(sink)
+    _installed[id(registry)] = (sink, collector)
+    return sink
+
+
+def uninstall(registry: CollectorRegistry = REGISTRY) -> None:
+    """Undo :func:`install` for ``registry``: disconnect and unregister everything."""
+    found = _installed.pop(id(registry), None)
+    if found is None:
+        return
+    sink, collector = found
+    metrics.disconnect(sink)
+    sink.unregister()
+    if collector is not None:
+        registry.unregister(collector)

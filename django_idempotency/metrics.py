@@ -1,0 +1,304 @@
+"""Metrics hooks (SPEC §8): counters fed by the protocol's signals, outbox gauges.
+
+A *sink* receives every metric event; :func:`connect` wires one to the signals of
+``django_idempotency.signals`` (requests) and ``django_idempotency.relay`` (outbox).
+The app ships :class:`InMemoryMetrics` (tests, debugging) and a Prometheus sink
+(``django_idempotency.contrib.prometheus``); an OpenTelemetry sink is ten lines
+(docs/observability.md). Labels are bounded: the endpoint (``"POST /v1/workers"``,
+a route pattern), the response status and the outbox topic; never the key or the
+principal. Gauges are not pushed: :func:`outbox_stats` reads them from the database
+when a scrape asks.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter as _Tally
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from django.db import connections
+from django.db.models import Count, Min, Q
+from django.dispatch import Signal
+
+from . import clock, signals
+
+logger = logging.getLogger("django_idempotency.metrics")
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A metric's definition: exporters create their instruments from it.
+
+    Attributes:
+        name: snake_case, without prefix or unit suffix (``"replays"``); an exporter
+            adds its namespace and ``_total`` for counters.
+        description: one sentence for ``# HELP``.
+        labels: the label names every event of this metric carries.
+        kind: ``"counter"`` (counts events) or ``"histogram"`` (observes values).
+    """
+
+    name: str
+    description: str
+    labels: tuple[str, ...]
+    kind: str = "counter"
+
+
+_E = ("endpoint",)
+_ES = ("endpoint", "status")
+
+CLAIMS = Metric("claims", "Keys claimed: first executions and takeovers.", _E)
+REPLAYS = Metric("replays", "Stored responses replayed (Idempotent-Replayed: true).", _ES)
+IN_FLIGHT = Metric("in_flight_conflicts", "Duplicates answered 409: original in flight.", _E)
+KEY_REUSES = Metric("key_reuses", "Keys reused with a different request: 422.", _E)
+TAKEOVERS = Metric("takeovers", "Expired leases taken over by a retry.", _E)
+FENCED = Metric(
+    "fenced_rollbacks", "Completions fenced off (lease lost): the view's writes rolled back.", _E
+)
+RELEASES = Metric(
+    "releases",
+    "Claims released so the client can retry; status 'exception' when the view raised.",
+    _ES,
+)
+COMPLETIONS = Metric("completions", "Responses stored for replay.", _ES)
+STORE_FAILURES = Metric(
+    "store_failures", "Requests answered 503: the store failed (claim or completion).", _E
+)
+OUTBOX_DELIVERED = Metric("outbox_delivered", "Outbox messages delivered.", ("topic",))
+OUTBOX_FAILURES = Metric("outbox_failures", "Outbox deliveries failed, to retry.", ("topic",))
+OUTBOX_DEAD = Metric("outbox_dead_lettered", "Outbox messages dead-lettered.", ("topic",))
+OUTBOX_DELIVERY_LAG = Metric(
+    "outbox_delivery_lag_seconds",
+    "Seconds from enqueue to the delivery attempt that succeeded.",
+    ("topic",),
+    kind="histogram",
+)
+
+#: Every metric :func:`connect` reports, in a stable order.
+METRICS = (
+    CLAIMS,
+    REPLAYS,
+    IN_FLIGHT,
+    KEY_REUSES,
+    TAKEOVERS,
+    FENCED,
+    RELEASES,
+    COMPLETIONS,
+    STORE_FAILURES,
+    OUTBOX_DELIVERED,
+    OUTBOX_FAILURES,
+    OUTBOX_DEAD,
+    OUTBOX_DELIVERY_LAG,
+)
+
+
+class MetricsSink(Protocol):
+    """What :func:`connect` feeds. Methods run on the request path: cheap, no raising."""
+
+    def increment(self, metric: Metric, labels: Mapping[str, str]) -> None:
+        """Add one to the counter ``metric`` with these label values."""
+
+    def observe(self, metric: Metric, value: float, labels: Mapping[str, str]) -> None:
+        """Record ``value`` (seconds for ``*_seconds``) in the histogram ``metric``."""
+
+
+def _status(value: object) -> str:
+    return "exception" if value is None else str(value)
+
+
+def _events(kwargs: Mapping[str, Any], signal_name: str) -> list[tuple[Metric, dict[str, str]]]:
+    """The metric events one signal stands for, with their labels."""
+    endpoint = {"endpoint": str(kwargs.get("endpoint", ""))}
+    if signal_name == "claimed":
+        events = [(CLAIMS, endpoint)]
+        if kwargs.get("taken_over"):
+            events.append((TAKEOVERS, endpoint))
+        return events
+    simple = {
+        "in_flight": IN_FLIGHT,
+        "mismatched": KEY_REUSES,
+        "fenced": FENCED,
+        "store_failed": STORE_FAILURES,
+    }
+    if signal_name in simple:
+        return [(simple[signal_name], endpoint)]
+    with_status = {"replayed": REPLAYS, "released": RELEASES, "completed": COMPLETIONS}
+    return [(with_status[signal_name], {**endpoint, "status": _status(kwargs.get("status"))})]
+
+
+def _signals() -> dict[str, Signal]:
+    from . import relay  # models: import only once apps are ready
+
+    found = {
+        name: getattr(signals, name)
+        for name in (
+            "claimed",
+            "replayed",
+            "in_flight",
+            "mismatched",
+            "fenced",
+            "released",
+            "completed",
+            "store_failed",
+        )
+    }
+    found.update(
+        outbox_delivered=relay.delivered,
+        outbox_failed=relay.failed,
+        outbox_dead=relay.dead_lettered,
+    )
+    return found
+
+
+def _receiver(sink: MetricsSink, signal_name: str) -> Callable[..., None]:
+    outbox = {"outbox_failed": OUTBOX_FAILURES, "outbox_dead": OUTBOX_DEAD}
+
+    def receive(sender: Any, **kwargs: Any) -> None:
+        try:
+            if signal_name == "outbox_delivered":
+                labels = {"topic": str(sender)}
+                sink.increment(OUTBOX_DELIVERED, labels)
+                sink.observe(OUTBOX_DELIVERY_LAG, float(kwargs.get("lag") or 0.0), labels)
+            elif signal_name in outbox:
+                sink.increment(outbox[signal_name], {"topic": str(sender)})
+            else:
+                for metric, labels in _events(kwargs, signal_name):
+                    sink.increment(metric, labels)
+        except Exception:  # a broken sink must never break a request
+            logger.warning("metrics sink %r failed on %s", sink, signal_name, exc_info=True)
+
+    return receive
+
+
+def _uid(sink: MetricsSink, signal_name: str) -> str:
+    return f"django_idempotency.metrics:{id(sink)}:{signal_name}"
+
+
+def connect(sink: MetricsSink) -> None:
+    """Feed ``sink`` every metric event from now on (idempotent per sink).
+
+    Call it once the apps are ready, e.g. in your ``AppConfig.ready()``. The signals
+    hold a strong reference to the sink until :func:`disconnect`.
+    """
+    for name, signal in _signals().items():
+        signal.connect(_receiver(sink, name), weak=False, dispatch_uid=_uid(sink, name))
+
+
+def disconnect(sink: MetricsSink) -> None:
+    """Stop feeding ``sink``; a sink that was not connected is ignored."""
+    for name, signal in _signals().items():
+        signal.disconnect(dispatch_uid=_uid(sink, name))
+
+
+class InMemoryMetrics:
+    """A thread-safe sink that keeps counts and observations in memory.
+
+    For tests and debugging (``metrics.connect(InMemoryMetrics())``), not for
+    production export: nothing is shared between processes.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.counts: _Tally[tuple[str, tuple[tuple[str, str], ...]]] = _Tally()
+        self.observations: dict[str, list[tuple[float, dict[str, str]]]] = {}
+
+    def increment(self, metric: Metric, labels: Mapping[str, str]) -> None:
+        """Count one event of ``metric`` with ``labels``."""
+        with self._lock:
+            self.counts[metric.name, tuple(sorted(labels.items()))] += 1
+
+    def observe(self, metric: Metric, value: float, labels: Mapping[str, str]) -> None:
+        """Keep ``value`` with its ``labels``."""
+        with self._lock:
+            self.observations.setdefault(metric.name, []).append((value, dict(labels)))
+
+    def value(self, metric: Metric | str, **labels: str) -> int:
+        """Events counted for ``metric`` whose labels include ``labels`` (all if none)."""
+        name = metric if isinstance(metric, str) else metric.name
+        wanted = set(labels.items())
+        with self._lock:
+            return sum(
+                n for (m, items), n in self.counts.items() if m == name and wanted <= set(items)
+            )
+
+
+@dataclass(frozen=True)
+class OutboxStats:
+    """The outbox's state now, for gauges (SPEC §8, "outbox lag").
+
+    Attributes:
+        pending: messages not yet delivered (due, backing off, or held by a relay).
+        due: pending messages due now, that no relay holds: the relay's backlog.
+        dead: dead-lettered messages (need an operator: docs/operations.md).
+        lag: seconds the oldest due message has been waiting since it became due;
+            0.0 when nothing is due. Grows when no relay runs or relays fall behind.
+        oldest_pending_age: seconds since the oldest pending message was enqueued,
+            backoff included; 0.0 when nothing is pending.
+    """
+
+    pending: int
+    due: int
+    dead: int
+    lag: float
+    oldest_pending_age: float
+
+
+_PG_STATS_SQL = """
+SELECT count(*),
+       count(*) FILTER (WHERE available_at <= {now}),
+       (SELECT count(*) FROM {table} WHERE state = 'dead'),
+       COALESCE(EXTRACT(EPOCH FROM {now} - min(available_at)
+                FILTER (WHERE available_at <= {now})), 0)::float8,
+       COALESCE(EXTRACT(EPOCH FROM {now} - min(created_at)), 0)::float8
+FROM {table} WHERE state = 'pending'
+"""
+
+
+def outbox_stats(using: str | None = None) -> OutboxStats:
+    """Count the outbox's messages and measure its lag with the store's clock.
+
+    One statement on PostgreSQL: aggregates over the pending rows, and a count of the
+    dead ones (no index covers ``state = 'dead'``, so that count reads the table,
+    sent rows included until the sweeper removes them). Meant for a scrape every
+    15-60 s, not per request.
+
+    Args:
+        using: database alias (default: the router's choice for ``OutboxMessage``).
+
+    Raises:
+        django.db.DatabaseError: the database failed (the caller decides; the
+            Prometheus collector skips the gauges for that scrape).
+    """
+    from . import outbox
+    from .models import OutboxMessage, OutboxState
+
+    using = using or outbox.database_for_write()
+    connection = connections[using]
+    if connection.vendor == "postgresql":
+        now = "(statement_timestamp() + %(offset)s * interval '1 second')"
+        table = connection.ops.quote_name(OutboxMessage._meta.db_table)
+        with connection.cursor() as cursor:
+            cursor.execute(_PG_STATS_SQL.format(now=now, table=table), {"offset": clock.offset()})
+            pending, due, dead, lag, oldest = cursor.fetchone()
+        return OutboxStats(int(pending), int(due), int(dead), float(lag), float(oldest))
+    moment = clock.app_now()
+    messages = OutboxMessage.objects.using(using)
+    agg = messages.filter(state=OutboxState.PENDING).aggregate(
+        pending=Count("pk"),
+        due=Count("pk", filter=Q(available_at__lte=moment)),
+        first_due=Min("available_at", filter=Q(available_at__lte=moment)),
+        first_created=Min("created_at"),
+    )
+
+    def age(value: Any) -> float:
+        return max(0.0, (moment - value).total_seconds()) if value is not None else 0.0
+
+    return OutboxStats(
+        pending=agg["pending"],
+        due=agg["due"],
+        dead=messages.filter(state=OutboxState.DEAD).count(),
+        lag=age(agg["first_due"]),
+        oldest_pending_age=age(agg["first_created"]),
+    )

@@ -1,0 +1,74 @@
+"""Partition the record table by day on PostgreSQL (SPEC §6; docs/retention.md).
+
+Database-only: the model state does not change, so ``makemigrations --check`` stays
+clean, and SQLite (or any other backend) keeps the plain table. On PostgreSQL 14+
+the table is converted unless ``IDEMPOTENCY["PARTITION_RECORDS"]`` is ``False`` when
+this migration is applied; the store detects the table's kind per connection, so the
+setting only matters at ``migrate`` time. To switch later, migrate
+``django_idempotency 0002`` and back to this migration with the setting changed.
+
+Rows created before the sweeper's cutoff (older than the longest retention window)
+are not copied: the first sweep would drop them anyway.
+"""
+
+import datetime as dt
+import warnings
+
+from django.db import migrations
+
+
+def _now_and_days(connection):
+    from django_idempotency import retention
+    from django_idempotency.conf import conf
+
+    now = retention.store_now(connection)
+    today = now.date()
+    days = [today + dt.timedelta(days=n) for n in range(max(conf.partitions_ahead, 0) + 1)]
+    return retention.cutoff_for(now), days
+
+
+def partition(apps, schema_editor):
+    from django_idempotency import partitions
+    from django_idempotency._pg_partitioned import forget, is_partitioned
+    from django_idempotency.conf import conf
+
+    forget()
+    connection = schema_editor.connection
+    if connection.vendor != "postgresql" or not conf.partition_records:
+        return
+    if connection.pg_version < partitions.MIN_SERVER_VERSION:
+        warnings.warn(
+            "django-idempotency: PostgreSQL 14 or later is needed to partition the "
+            "record table; it stays a plain table (swept by batched deletes).",
+            RuntimeWarning,
+            stacklevel=1,
+        )
+        return
+    if is_partitioned(connection):
+        partitions.install_functions(connection)
+        return
+    keep_since, days = _now_and_days(connection)
+    partitions.to_partitioned(connection, keep_since=keep_since, days=days)
+
+
+def unpartition(apps, schema_editor):
+    from django_idempotency import partitions
+    from django_idempotency._pg_partitioned import forget, is_partitioned
+
+    forget()
+    connection = schema_editor.connection
+    if connection.vendor != "postgresql" or not is_partitioned(connection):
+        return
+    model = apps.get_model("django_idempotency", "IdempotencyRecord")
+    partitions.to_plain(connection, schema_editor, model)
+
+
+class Migration(migrations.Migration):
+
+    dependencies = [
+        ("django_idempotency", "0002_outbox"),
+    ]
+
+    operations = [
+        migrations.RunPython(partition, unpartition, elidable=False),
+    ]

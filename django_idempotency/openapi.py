@@ -1,0 +1,181 @@
+"""OpenAPI for drf-spectacular: ``pip install django-idempotency[openapi]``.
+
+Set the schema class, and every idempotent operation declares the ``Idempotency-Key``
+request header (required or optional, as the view is), its ``400``/``409``/``422``
+``application/problem+json`` responses, ``Retry-After`` on the 409 and
+``Idempotent-Replayed`` on success responses::
+
+    REST_FRAMEWORK = {
+        "DEFAULT_SCHEMA_CLASS": "django_idempotency.openapi.IdempotentAutoSchema",
+    }
+
+Projects with their own ``AutoSchema`` subclass mix :class:`IdempotentSchemaMixin` in
+before it. Operations are found protected by the ``_idempotency_options`` that
+``@idempotent`` leaves on handlers, and by ``IdempotentMixin.idempotency_options_for``
+(docs/openapi.md). This module imports ``drf_spectacular``; nothing else in the app
+imports this module.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.plumbing import ResolvedComponent
+from drf_spectacular.utils import OpenApiParameter
+
+from . import problems
+from .conf import conf
+from .keys import HEADER
+from .options import Options
+from .protocol import SAFE_METHODS
+from .responses import REPLAYED_HEADER
+
+#: Name of the problem+json schema component.
+PROBLEM_COMPONENT = "IdempotencyProblem"
+
+_PROBLEM_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "description": "An RFC 9457 problem detail produced by django-idempotency.",
+    "properties": {
+        "type": {"type": "string", "format": "uri", "description": "Stable problem type URI."},
+        "title": {"type": "string"},
+        "status": {"type": "integer"},
+        "detail": {"type": "string", "description": "What happened and what to do."},
+    },
+    "required": ["type", "title", "status", "detail"],
+}
+
+_RESPONSES = {
+    "400": "The Idempotency-Key header is missing (on an endpoint that requires it) or "
+    "invalid, or the request body could not be read. Nothing was done.",
+    "409": "A request with this Idempotency-Key is still in flight, or this request "
+    "lost its claim. Retry after Retry-After seconds with the same key.",
+    "422": "This Idempotency-Key was already used with a different request.",
+}
+
+
+def _closure_options(handler: Any) -> Options | None:
+    """Options of an ``@idempotent`` function that DRF's ``@api_view`` closes over."""
+    func = getattr(handler, "__func__", handler)
+    for cell in getattr(func, "__closure__", None) or ():
+        try:
+            contents = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        options = getattr(contents, "_idempotency_options", None)
+        if isinstance(options, Options):
+            return options
+    return None
+
+
+def options_for(view: Any, method: str) -> Options | None:
+    """The idempotency options protecting ``method`` of ``view``, or ``None``.
+
+    The same precedence as at request time: a handler decorated with ``@idempotent``
+    (above or below ``@api_view``) uses its own options; otherwise an
+    ``IdempotentMixin`` view's ``idempotency_options_for(action)``.
+
+    Args:
+        view: a DRF view instance as the schema generator builds it (``action`` set
+            on ViewSets).
+        method: the HTTP method (any case).
+    """
+    method = method.lower()
+    if method.upper() in SAFE_METHODS:
+        return None
+    action = getattr(view, "action", None) or method
+    handler = getattr(view, action, None) or getattr(view, method, None)
+    if handler is None:
+        return None
+    options = getattr(handler, "_idempotency_options", None)
+    if isinstance(options, Options):
+        return options
+    options = _closure_options(handler)
+    if options is None and hasattr(view, "idempotency_options_for"):
+        options = view.idempotency_options_for(action)
+    return options
+
+
+class IdempotentSchemaMixin:
+    """Adds the ``Idempotency-Key`` header and problem responses to protected operations.
+
+    Mix into an ``drf_spectacular.openapi.AutoSchema`` subclass, before it.
+    """
+
+    view: Any
+    method: str
+    registry: Any
+
+    def idempotency_options(self) -> Options | None:
+        """The options of the operation being generated, ``None`` if unprotected."""
+        return options_for(self.view, self.method)
+
+    def get_override_parameters(self) -> list[Any]:
+        """The view's parameters plus ``Idempotency-Key`` on a protected operation."""
+        parameters: list[Any] = list(super().get_override_parameters())  # type: ignore[misc]
+        options = self.idempotency_options()
+        if options is None:
+            return parameters
+        required = options.get_required()
+        parameters.insert(
+            0,
+            OpenApiParameter(
+                HEADER,
+                type={"type": "string", "minLength": 1, "maxLength": conf.max_key_length},
+                location=OpenApiParameter.HEADER,
+                required=required,
+                description=(
+                    "A unique key per operation (a UUID); send the same key on every "
+                    "retry. A retry replays the first response instead of running again."
+                    + ("" if required else " Optional: without it the request is not protected.")
+                ),
+            ),
+        )
+        return parameters
+
+    def get_operation(self, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
+        """The operation, with the idempotency responses added when it is protected."""
+        operation: dict[str, Any] | None = super().get_operation(*args, **kwargs)  # type: ignore[misc]
+        if operation is None or self.idempotency_options() is None:
+            return operation
+        responses = operation.setdefault("responses", {})
+        for code, response in responses.items():
+            if str(code).startswith("2"):
+                headers = response.setdefault("headers", {})
+                headers.setdefault(
+                    REPLAYED_HEADER,
+                    {
+                        "schema": {"type": "string", "enum": ["true"]},
+                        "description": "Present when this is a replay of the stored response.",
+                    },
+                )
+        problem = {"schema": self._problem_ref()}
+        for code, description in _RESPONSES.items():
+            response = responses.setdefault(code, {"description": description})
+            response.setdefault("content", {}).setdefault(problems.CONTENT_TYPE, problem)
+            if code == "409":
+                response.setdefault("headers", {})["Retry-After"] = {
+                    "schema": {"type": "integer", "minimum": 0},
+                    "description": "Seconds to wait before retrying with the same key.",
+                }
+        return operation
+
+    def _problem_ref(self) -> dict[str, str]:
+        component = ResolvedComponent(  # type: ignore[no-untyped-call]  # untyped __init__
+            name=PROBLEM_COMPONENT,
+            type=ResolvedComponent.SCHEMA,
+            object=PROBLEM_COMPONENT,
+            schema=_PROBLEM_SCHEMA,
+        )
+        self.registry.register_on_missing(component)
+        ref: dict[str, str] = component.ref
+        return ref
+
+
+class IdempotentAutoSchema(IdempotentSchemaMixin, AutoSchema):
+    """drf-spectacular's ``AutoSchema`` with the idempotency additions.
+
+    Use as ``REST_FRAMEWORK["DEFAULT_SCHEMA_CLASS"]``, or per view as
+    ``schema = IdempotentAutoSchema()``.
+    """

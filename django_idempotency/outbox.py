@@ -1,0 +1,263 @@
+"""The transactional outbox: ``enqueue`` and the handler registry (SPEC §5).
+
+A view records an effect outside the database (boot a VM, send an e-mail) as an
+:class:`~django_idempotency.models.OutboxMessage` row in its own transaction, so the
+message exists if and only if the view's writes committed. The relay
+(``django_idempotency.relay``) delivers it after the commit by calling the handler
+registered for its topic with the message's dedup key, which the handler passes
+downstream so that a redelivery converges on the same downstream effect.
+
+::
+
+    from django_idempotency import outbox
+
+    @outbox.handler("worker.boot")
+    def boot(message, dedup_key):
+        hypervisor.boot(message.payload["worker_id"], boot_id=dedup_key)
+
+    # in a view, inside its transaction:
+    outbox.enqueue("worker.boot", {"worker_id": worker.pk})
+
+See docs/outbox.md.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from django.db import IntegrityError, connections, router, transaction
+from django.utils.module_loading import autodiscover_modules
+
+from . import clock, context
+from ._pg import pg_now
+from .conf import conf
+from .models import OutboxMessage, OutboxState
+
+logger = logging.getLogger("django_idempotency.outbox")
+
+Handler = Callable[[OutboxMessage, str], Any]
+H = TypeVar("H", bound=Handler)
+
+#: Module looked for in every installed app by :func:`autodiscover`.
+HANDLER_MODULE = "outbox_handlers"
+_MAX = 255
+_handlers: dict[str, Handler] = {}
+_discovered = False
+
+
+class NotInTransaction(RuntimeError):
+    """``enqueue`` was called outside ``transaction.atomic()``.
+
+    A message written in autocommit mode would be sent even if the surrounding work
+    failed, which is what the outbox exists to prevent. Enqueue inside the view's
+    transaction (an idempotent view runs in one), a phase, or an ``atomic()`` block.
+    """
+
+
+def database_for_write() -> str:
+    """The database alias the router picks for writing outbox messages."""
+    return router.db_for_write(OutboxMessage) or "default"
+
+
+def register(topic: str) -> Callable[[H], H]:
+    """Register the decorated function as the handler of ``topic``.
+
+    The handler is called as ``handler(message, dedup_key)`` by the relay, outside
+    any transaction the relay holds, at least once per message: pass ``dedup_key``
+    downstream (as an idempotency key or request id) so redeliveries are harmless.
+    Raising marks the attempt failed (retried with backoff, dead-lettered at the
+    last attempt); returning marks the message sent.
+
+    Raises:
+        ValueError: another function is already registered for ``topic``.
+    """
+
+    def decorator(func: H) -> H:
+        existing = _handlers.get(topic)
+        if existing is not None and _name(existing) != _name(func):
+            raise ValueError(
+                f"outbox topic {topic!r} already has the handler {_name(existing)}; "
+                f"cannot register {_name(func)} too."
+            )
+        _handlers[topic] = func
+        return func
+
+    return decorator
+
+
+#: ``@outbox.handler("worker.boot")``: the same as :func:`register`.
+handler = register
+
+
+def unregister(topic: str) -> None:
+    """Forget the handler of ``topic`` (tests, reloading); no error if there is none."""
+    _handlers.pop(topic, None)
+
+
+def get_handler(topic: str) -> Handler | None:
+    """The handler registered for ``topic``, or ``None``."""
+    return _handlers.get(topic)
+
+
+def autodiscover() -> None:
+    """Import ``<app>.outbox_handlers`` for every installed app, once per process."""
+    global _discovered
+    if not _discovered:
+        autodiscover_modules(HANDLER_MODULE)
+        _discovered = True
+
+
+def _name(func: Callable[..., Any]) -> str:
+    return f"{func.__module__}.{getattr(func, '__qualname__', repr(func))}"
+
+
+def enqueue(
+    topic: str,
+    payload: Any,
+    *,
+    dedup_key: str | None = None,
+    using: str | None = None,
+    available_at: dt.datetime | None = None,
+) -> OutboxMessage:
+    """Write a message for the relay, in the current transaction.
+
+    Args:
+        topic: selects the handler (``"worker.boot"``); 1 to 255 characters.
+        payload: JSON-serialisable data for the handler (``DjangoJSONEncoder``: dates,
+            UUIDs and decimals become strings).
+        dedup_key: passed to the handler for downstream deduplication; 1 to 255
+            characters. Default inside an idempotent view: derived from the request's
+            key, the open phase, the topic and the message's position, i.e.
+            ``request.idempotency.derive_key("outbox:<phase>:<topic>:<n>")``, so a
+            retry of the same code derives the same keys. Elsewhere: a random UUID
+            (32 hex characters).
+        using: database alias; default: the router's choice for ``OutboxMessage``.
+        available_at: not delivered before this aware datetime (default: now).
+
+    Returns:
+        The message. If a message with the same ``(topic, dedup_key)`` exists already,
+        nothing is written and that message is returned: enqueueing is idempotent.
+
+    Raises:
+        NotInTransaction: no ``atomic()`` block is open on ``using``.
+        ValueError: ``topic`` or ``dedup_key`` is empty or too long.
+    """
+    using = using or database_for_write()
+    if not transaction.get_connection(using).in_atomic_block:
+        raise NotInTransaction(
+            f"outbox.enqueue({topic!r}) was called outside a transaction on database "
+            f"{using!r}: the message would be sent even if the work around it failed. "
+            "Call it inside transaction.atomic() (idempotent views already run in one)."
+        )
+    current = context.current()
+    if current is not None and current.claim.using != using:
+        current = None  # the record lives elsewhere: no link, no derived key
+    if dedup_key is None:
+        dedup_key = current.next_outbox_key(topic) if current else uuid.uuid4().hex
+    for name, value in (("topic", topic), ("dedup_key", dedup_key)):
+        if not isinstance(value, str) or not 0 < len(value) <= _MAX:
+            raise ValueError(f"{name} must be a string of 1 to {_MAX} characters, not {value!r}")
+    record_id = current.claim.record_id if current else None
+    message = _insert(using, topic, payload, dedup_key, record_id, available_at)
+    _schedule_kick(using)
+    return message
+
+
+_PG_INSERT_SQL = """
+INSERT INTO django_idempotency_outbox (
+    topic, payload, dedup_key, state, attempts, available_at, last_error, created_at,
+    record_id
+)
+VALUES (%s, %s, %s, %s, 0, COALESCE(%s, {now}), '', {now}, %s)
+ON CONFLICT (topic, dedup_key) DO NOTHING
+RETURNING id, available_at, created_at
+"""
+
+
+def _insert(
+    using: str,
+    topic: str,
+    payload: Any,
+    dedup_key: str,
+    record_id: int | None,
+    available_at: dt.datetime | None,
+) -> OutboxMessage:
+    """One INSERT on PostgreSQL (``ON CONFLICT DO NOTHING``); a savepoint elsewhere."""
+    connection = connections[using]
+    fields = {"topic": topic, "payload": payload, "dedup_key": dedup_key, "record_id": record_id}
+    if connection.vendor == "postgresql":
+        now_sql, now_params = pg_now()
+        json_value = OutboxMessage._meta.get_field("payload").get_db_prep_save(payload, connection)
+        params = [topic, json_value, dedup_key, OutboxState.PENDING, available_at]
+        params += [*now_params, *now_params, record_id]
+        with connection.cursor() as cursor:
+            cursor.execute(_PG_INSERT_SQL.format(now=now_sql), params)
+            row = cursor.fetchone()
+        if row is None:
+            return OutboxMessage.objects.using(using).get(topic=topic, dedup_key=dedup_key)
+        message = OutboxMessage(id=row[0], available_at=row[1], created_at=row[2], **fields)
+        message._state.adding = False
+        message._state.db = using
+        return message
+    now = clock.app_now()
+    try:
+        with transaction.atomic(using=using):
+            return OutboxMessage.objects.using(using).create(
+                available_at=available_at or now, created_at=now, **fields
+            )
+    except IntegrityError:
+        return OutboxMessage.objects.using(using).get(topic=topic, dedup_key=dedup_key)
+
+
+class _Kick:
+    """``on_commit`` callback starting the relay task; equal per database alias."""
+
+    def __init__(self, using: str) -> None:
+        self.using = using
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Kick) and other.using == self.using
+
+    def __hash__(self) -> int:
+        return hash(self.using)
+
+    def __call__(self) -> None:
+        kick(self.using)
+
+
+def _schedule_kick(using: str) -> None:
+    """Kick the relay once when the current transaction commits (not once per message)."""
+    if not conf.outbox_kick:
+        return
+    callback = _Kick(using)
+    pending = getattr(connections[using], "run_on_commit", ())
+    if any(callback == entry[1] for entry in pending if len(entry) > 1):
+        return
+    transaction.on_commit(callback, using=using)
+
+
+def kick(using: str | None = None) -> bool:
+    """Start the Celery relay task now, if Celery is installed and configured.
+
+    Called after a commit that enqueued messages, so delivery does not wait for the
+    next beat. Never raises: a broker that is down is logged (the beat or the
+    management command still delivers the message later).
+
+    Returns:
+        Whether the task was sent.
+    """
+    if not conf.outbox_kick:
+        return False
+    try:
+        from .tasks import send_relay_task
+    except ImportError:  # Celery is not installed
+        return False
+    try:
+        return send_relay_task(using)
+    except Exception:
+        logger.warning("could not start the outbox relay task; beat will", exc_info=True)
+        return False

@@ -1,0 +1,268 @@
+"""Day partitions of the record table on PostgreSQL.
+
+List them, create them ahead, drop them behind, and convert between the plain and the
+partitioned table (migration 0003).
+Every function takes a Django connection and runs in its current transaction state;
+:func:`drop` needs autocommit (outside ``transaction.atomic``) to detach without
+blocking claims. Days are UTC dates. See docs/retention.md.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass
+from typing import Any
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from ._pg_partitioned import (
+    CLAIM_FUNCTION_V1,
+    DROP_FUNCTIONS_V1,
+    ENSURE_PARTITION_FUNCTION_V1,
+    PARTITION_PREFIX,
+    SCOPE_TRIGGER_FUNCTION_V1,
+    SCOPE_TRIGGER_V1,
+    TABLE,
+    forget,
+)
+
+#: PostgreSQL 14 brought ``DETACH PARTITION ... CONCURRENTLY``; 13 BEFORE row triggers
+#: on partitioned tables. Older servers keep the plain table.
+MIN_SERVER_VERSION = 140000
+_PLAIN_COPY = f"{TABLE}_unpartitioned"
+_PARTITIONED_COPY = f"{TABLE}_partitioned"
+
+
+@dataclass(frozen=True)
+class Partition:
+    """One day partition: its table name, UTC day and estimated row count (-1: unknown)."""
+
+    name: str
+    day: dt.date
+    rows: int
+    attached: bool = True
+
+
+def partition_name(day: dt.date) -> str:
+    """The table name of ``day``'s partition."""
+    return f"{PARTITION_PREFIX}{day:%Y%m%d}"
+
+
+def _day_of(name: str) -> dt.date | None:
+    suffix = name.removeprefix(PARTITION_PREFIX)
+    if suffix == name or len(suffix) != 8 or not suffix.isdigit():
+        return None
+    try:
+        return dt.datetime.strptime(suffix, "%Y%m%d").date()
+    except ValueError:
+        return None
+
+
+def list_partitions(connection: BaseDatabaseWrapper) -> list[Partition]:
+    """The day partitions, attached or left detached by an interrupted drop, by day.
+
+    Tables named like a partition but not attached to the record table are listed with
+    ``attached=False``; other partitions (not named by this app) are left out.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT c.relname, c.reltuples::bigint,
+                   EXISTS (SELECT 1 FROM pg_inherits i
+                           WHERE i.inhrelid = c.oid AND i.inhparent = p.oid
+                             AND NOT i.inhdetachpending)
+            FROM pg_class p JOIN pg_class c ON c.relnamespace = p.relnamespace
+            WHERE p.oid = to_regclass(%s) AND c.relkind = 'r'
+              AND c.relname LIKE %s
+            """,
+            [TABLE, PARTITION_PREFIX.replace("_", r"\_") + "%"],
+        )
+        rows = cursor.fetchall()
+    found = []
+    for name, tuples, attached in rows:
+        day = _day_of(name)
+        if day is not None:
+            found.append(Partition(name, day, int(tuples), bool(attached)))
+    return sorted(found, key=lambda p: p.day)
+
+
+def ensure(connection: BaseDatabaseWrapper, day: dt.date) -> bool:
+    """Create ``day``'s partition unless it exists. Returns whether it was created.
+
+    Safe against concurrent callers (an advisory lock per day). Takes SHARE UPDATE
+    EXCLUSIVE on the parent, which claims do not wait for.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT django_idempotency_ensure_partition(%s::date)", [day])
+        (created,) = cursor.fetchone()
+    return bool(created)
+
+
+def drop(connection: BaseDatabaseWrapper, partition: Partition, *, lock_timeout: float) -> None:
+    """Detach ``partition`` from the record table and drop it.
+
+    In autocommit mode (the sweeper's normal case) it is detached ``CONCURRENTLY``,
+    which never blocks claims; a detach left pending by an interrupted run is
+    finalised. Inside a transaction it is dropped directly, which needs a brief ACCESS
+    EXCLUSIVE lock on the parent, waited for at most ``lock_timeout`` seconds.
+
+    Raises:
+        django.db.OperationalError: the lock was not granted in time (retry later).
+    """
+    quoted = connection.ops.quote_name(partition.name)
+    parent = connection.ops.quote_name(TABLE)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('lock_timeout')")
+        (previous,) = cursor.fetchone()
+        local = connection.in_atomic_block
+        restore = ("SELECT set_config('lock_timeout', %s, %s)", [previous, local])
+        cursor.execute("SELECT set_config('lock_timeout', %s, %s)", [f"{lock_timeout}s", local])
+        try:
+            if not local:
+                pending = _detach_pending(cursor, partition.name)
+                if partition.attached or pending:
+                    mode = "FINALIZE" if pending else "CONCURRENTLY"
+                    cursor.execute(f"ALTER TABLE {parent} DETACH PARTITION {quoted} {mode}")
+            cursor.execute(f"DROP TABLE IF EXISTS {quoted}")
+        except BaseException:
+            if not local:  # a failed transaction forgets its local setting by itself
+                cursor.execute(*restore)
+            raise
+        cursor.execute(*restore)
+
+
+def _detach_pending(cursor: Any, name: str) -> bool:
+    cursor.execute(
+        "SELECT EXISTS (SELECT 1 FROM pg_inherits WHERE inhrelid = to_regclass(%s) "
+        "AND inhdetachpending)",
+        [name],
+    )
+    return bool(cursor.fetchone()[0])
+
+
+def install_functions(connection: BaseDatabaseWrapper) -> None:
+    """Create (or replace) the server-side functions of the partitioned table."""
+    with connection.cursor() as cursor:
+        for sql in (ENSURE_PARTITION_FUNCTION_V1, CLAIM_FUNCTION_V1, SCOPE_TRIGGER_FUNCTION_V1):
+            cursor.execute(sql)
+
+
+def to_partitioned(
+    connection: BaseDatabaseWrapper, *, keep_since: dt.datetime, days: list[dt.date]
+) -> int:
+    """Replace the plain record table by a day-partitioned one (migration 0003).
+
+    Locks the table, renames it, creates the partitioned table with the same columns
+    and checks, creates the partitions of ``days`` and of every day holding a copied
+    row, copies the rows created at or after ``keep_since`` (older rows are those the
+    sweeper would drop), drops the old table and builds the indexes. Runs in the
+    caller's transaction: all or nothing. Returns the number of rows copied.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(f"LOCK TABLE {TABLE} IN ACCESS EXCLUSIVE MODE")
+        cursor.execute(f"ALTER TABLE {TABLE} RENAME TO {_PLAIN_COPY}")
+        cursor.execute(
+            f"CREATE TABLE {TABLE} (LIKE {_PLAIN_COPY} INCLUDING DEFAULTS INCLUDING "
+            "CONSTRAINTS INCLUDING IDENTITY) PARTITION BY RANGE (created_at)"
+        )
+        install_functions(connection)
+        cursor.execute(
+            f"SELECT DISTINCT (created_at AT TIME ZONE 'UTC')::date FROM {_PLAIN_COPY} "
+            "WHERE created_at >= %s",
+            [keep_since],
+        )
+        row_days = {day for (day,) in cursor.fetchall()}
+        for day in sorted(row_days | set(days)):
+            cursor.execute("SELECT django_idempotency_ensure_partition(%s::date)", [day])
+        cursor.execute(
+            f"INSERT INTO {TABLE} SELECT * FROM {_PLAIN_COPY} WHERE created_at >= %s",
+            [keep_since],
+        )
+        copied = int(cursor.rowcount)
+        cursor.execute(
+            f"SELECT setval(pg_get_serial_sequence('{TABLE}', 'id'), "
+            f"COALESCE((SELECT max(id) FROM {_PLAIN_COPY}), 0) + 1, false)"
+        )
+        cursor.execute(f"DROP TABLE {_PLAIN_COPY}")
+        _rename_sequence(cursor, f"{TABLE}_id_seq")
+        cursor.execute(
+            f"ALTER TABLE {TABLE} ADD CONSTRAINT {TABLE}_pkey PRIMARY KEY (id, created_at)"
+        )
+        cursor.execute(
+            f"CREATE INDEX django_idem_record_scope ON {TABLE} (principal, endpoint, key)"
+        )
+        cursor.execute(f"CREATE INDEX django_idem_record_expires ON {TABLE} (expires_at)")
+        cursor.execute(f"CREATE INDEX django_idem_record_created ON {TABLE} (created_at)")
+        cursor.execute(SCOPE_TRIGGER_V1)
+        cursor.execute(
+            f"COMMENT ON TABLE {TABLE} IS 'django-idempotency records, one partition per UTC "
+            "day of created_at. Scope uniqueness: advisory lock + lookup in "
+            "django_idempotency_claim() and the scope_unique trigger (docs/retention.md).'"
+        )
+    forget()
+    return copied
+
+
+def to_plain(connection: BaseDatabaseWrapper, schema_editor: Any, model: Any) -> int:
+    """Replace the partitioned record table by a plain one (migration 0003 reversed).
+
+    ``model`` is the historical ``IdempotencyRecord``; ``schema_editor`` creates its
+    table with the unique constraint. Rows are copied newest first; should one scope
+    have two rows (one left past the retention window), the newer is kept. Returns the
+    number of rows copied.
+    """
+    columns = ", ".join(connection.ops.quote_name(f.column) for f in model._meta.concrete_fields)
+    with connection.cursor() as cursor:
+        cursor.execute(f"LOCK TABLE {TABLE} IN ACCESS EXCLUSIVE MODE")
+        cursor.execute(f"ALTER TABLE {TABLE} RENAME TO {_PARTITIONED_COPY}")
+        cursor.execute(f"DROP TRIGGER IF EXISTS {TABLE}_scope_unique ON {_PARTITIONED_COPY}")
+        cursor.execute(
+            f"ALTER TABLE {_PARTITIONED_COPY} RENAME CONSTRAINT {TABLE}_pkey "
+            f"TO {_PARTITIONED_COPY}_pkey"
+        )
+        for index in (
+            "django_idem_record_scope",
+            "django_idem_record_expires",
+            "django_idem_record_created",
+        ):
+            cursor.execute(f"DROP INDEX IF EXISTS {index}")
+        # Free the names PostgreSQL gives unnamed column checks (response_status >= 0).
+        cursor.execute(
+            "SELECT conname FROM pg_constraint WHERE conrelid = to_regclass(%s) "
+            "AND contype = 'c' AND conname LIKE %s",
+            [_PARTITIONED_COPY, TABLE.replace("_", r"\_") + r"\_%\_check"],
+        )
+        for (name,) in cursor.fetchall():
+            renamed = f"{_PARTITIONED_COPY}{name.removeprefix(TABLE)}"
+            cursor.execute(
+                f'ALTER TABLE {_PARTITIONED_COPY} RENAME CONSTRAINT "{name}" TO "{renamed}"'
+            )
+        _rename_sequence(cursor, f"{_PARTITIONED_COPY}_id_seq", table=_PARTITIONED_COPY)
+        schema_editor.create_model(model)
+        cursor.execute(
+            f"INSERT INTO {TABLE} ({columns}) SELECT {columns} FROM {_PARTITIONED_COPY} "
+            "ORDER BY created_at DESC ON CONFLICT DO NOTHING"
+        )
+        copied = int(cursor.rowcount)
+        cursor.execute(
+            f"SELECT setval(pg_get_serial_sequence('{TABLE}', 'id'), "
+            f"COALESCE((SELECT max(id) FROM {_PARTITIONED_COPY}), 0) + 1, false)"
+        )
+        cursor.execute(f"DROP TABLE {_PARTITIONED_COPY}")
+        drop_functions(connection)
+    forget()
+    return copied
+
+
+def drop_functions(connection: BaseDatabaseWrapper) -> None:
+    """Drop the server-side functions of the partitioned table, if present."""
+    with connection.cursor() as cursor:
+        for sql in DROP_FUNCTIONS_V1:
+            cursor.execute(sql)
+
+
+def _rename_sequence(cursor: Any, name: str, *, table: str = TABLE) -> None:
+    cursor.execute("SELECT pg_get_serial_sequence(%s, 'id')", [table])
+    (current,) = cursor.fetchone()
+    if current and current.rsplit(".", 1)[-1].strip('"') != name:
+        cursor.execute(f"ALTER SEQUENCE {current} RENAME TO {name}")

@@ -1,0 +1,125 @@
+"""logging.py: one structured line per decision, never the key above DEBUG."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import uuid
+
+import pytest
+from django.db import connection, transaction
+
+from django_idempotency import logging as idem_logging
+from django_idempotency.models import IdempotencyRecord
+from tests.conftest import client_for
+from tests.testapp.gates import HOOKS
+
+pytestmark = pytest.mark.django_db
+
+LOGGER = "django_idempotency.events"
+FIELDS = ("event", "endpoint", "principal", "status", "key_hash")
+
+
+def events(caplog):
+    return [r for r in caplog.records if r.name == LOGGER]
+
+
+def post(api, path, key, data):
+    return api.post(path, data, format="json", HTTP_IDEMPOTENCY_KEY=key)
+
+
+def assert_no_key_above_debug(caplog, key):
+    for record in caplog.records:
+        if record.levelno >= logging.INFO:
+            assert key not in record.getMessage()
+            assert all(key not in str(value) for value in vars(record).values())
+
+
+def test_key_hash_is_short_and_stable():
+    key = "8e03978e-40d5-43e8-bc93-6894a57f9324"
+    assert idem_logging.key_hash(key) == hashlib.sha256(key.encode()).hexdigest()[:12]
+    assert idem_logging.key_hash(key) != idem_logging.key_hash(key + "x")
+
+
+def test_lifecycle_lines_carry_structured_fields(api, alice, key, caplog):
+    caplog.set_level(logging.DEBUG, logger=LOGGER)
+    post(api, "/widgets", key, {"name": "a"})
+    post(api, "/widgets", key, {"name": "a"})
+    post(api, "/widgets", key, {"name": "b"})
+    lines = events(caplog)
+    assert [(r.event, r.levelname, r.status) for r in lines] == [
+        ("claimed", "DEBUG", None),
+        ("completed", "INFO", 201),
+        ("replayed", "INFO", 201),
+        ("key_reused", "WARNING", 422),
+    ]
+    for record in lines:
+        assert record.endpoint == "POST /widgets"
+        assert record.principal == f"auth.user:{alice.user.pk}"
+        assert record.key_hash == idem_logging.key_hash(key)
+        assert all(hasattr(record, field) for field in FIELDS)
+    assert_no_key_above_debug(caplog, key)
+
+
+def test_in_flight_and_release_lines(api, alice, key, caplog):
+    caplog.set_level(logging.INFO, logger=LOGGER)
+
+    def duplicate(request):
+        HOOKS.pop("during_view")
+        post(client_for(alice), "/widgets", key, {"name": "a"})
+
+    HOOKS["during_view"] = duplicate
+    post(api, "/widgets", key, {"name": "a"})
+    post(api, "/outcome", str(uuid.uuid4()), {"status": 503})
+    api.raise_request_exception = False
+    post(api, "/outcome", str(uuid.uuid4()), {"raise": True})
+    got = [(r.event, r.status, r.endpoint) for r in events(caplog)]
+    assert got == [
+        ("in_flight", 409, "POST /widgets"),
+        ("completed", 201, "POST /widgets"),
+        ("released", 503, "POST /outcome"),
+        ("released", None, "POST /outcome"),
+    ]
+    assert "view raised" in events(caplog)[-1].getMessage()
+    assert_no_key_above_debug(caplog, key)
+
+
+class _Rollback(Exception):
+    pass
+
+
+def test_store_failure_is_an_error_line_without_the_key(api, key, caplog):
+    caplog.set_level(logging.DEBUG, logger=LOGGER)
+    table = connection.ops.quote_name(IdempotencyRecord._meta.db_table)
+    with pytest.raises(_Rollback), transaction.atomic():  # DDL is transactional on both
+        with connection.cursor() as cursor:
+            cursor.execute(f"ALTER TABLE {table} RENAME TO django_idempotency_record_gone")
+        response = post(api, "/widgets", key, {"name": "a"})
+        raise _Rollback
+    assert response.status_code == 503
+    (error,) = [r for r in events(caplog) if r.levelno == logging.ERROR]
+    assert error.event == "store_failed" and error.status == 503
+    assert error.key_hash == idem_logging.key_hash(key)
+    assert_no_key_above_debug(caplog, key)
+
+
+def test_takeover_is_a_warning(api, key, caplog):
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    api.raise_request_exception = False
+    HOOKS["crash"] = "after:allocated"
+    post(api, "/provision", key, {})
+    post(api, "/provision", key, {})
+    (warning,) = [r for r in events(caplog) if r.levelno == logging.WARNING]
+    assert warning.event == "taken_over" and warning.endpoint == "POST /provision"
+
+
+def test_disconnect_silences_and_connect_restores(api, caplog):
+    caplog.set_level(logging.DEBUG, logger=LOGGER)
+    idem_logging.disconnect()
+    try:
+        post(api, "/widgets", str(uuid.uuid4()), {"name": "a"})
+        assert events(caplog) == []
+    finally:
+        idem_logging.connect()
+    post(api, "/widgets", str(uuid.uuid4()), {"name": "b"})
+    assert [r.event for r in events(caplog)] == ["claimed", "completed"]

@@ -1,0 +1,230 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from django.test import override_settings
+from django.urls import path
+from rest_framework import serializers, viewsets
+from rest_framework.decorators import action, api_view
+from rest_framework.response import Response
+from rest_framework.routers import SimpleRouter
+from rest_framework.views import APIView
+
+from django_idempotency import IdempotentMixin, idempotent
+from tests.testapp.models import Widget
+from tests.testapp.views import WidgetSerializer
+
+pytest.importorskip("drf_spectacular")
+
+from drf_spectacular.generators import SchemaGenerator
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.validation import validate_schema
+
+SCHEMA_SETTINGS = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.TokenAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "django_idempotency.openapi.IdempotentAutoSchema",
+}
+PROBLEM = "application/problem+json"
+
+
+def generate(patterns=None, **settings):
+    with override_settings(REST_FRAMEWORK=SCHEMA_SETTINGS, **settings):
+        generated = SchemaGenerator(patterns=patterns).get_schema(request=None, public=True)
+    validate_schema(generated)
+    return generated
+
+
+def build_views():
+    """The views, built while the setting is in force: ``@api_view`` freezes the schema
+    class of its generated view when it runs, so import-time views would keep DRF's."""
+
+    @api_view(["POST"])
+    @idempotent
+    def below(request):
+        return Response(status=201)
+
+    @idempotent(lease=5)
+    @api_view(["POST"])
+    def above(request):
+        return Response(status=201)
+
+    @api_view(["POST"])
+    @idempotent(required=False, retention=7 * 86400)
+    def optional(request):
+        return Response(status=201)
+
+    class RebootView(APIView):
+        @idempotent
+        def post(self, request, pk):
+            return Response()
+
+    class WidgetViewSet(IdempotentMixin, viewsets.ModelViewSet):
+        queryset = Widget.objects.all()
+        serializer_class = WidgetSerializer
+        idempotent_actions = {"create": {"retention": 3600}, "resize": {}}
+
+        @action(detail=True, methods=["post"])
+        def resize(self, request, pk=None):
+            return Response()
+
+        @action(detail=True, methods=["post"])
+        def poke(self, request, pk=None):
+            return Response()
+
+        @idempotent(required=False)
+        def destroy(self, request, *args, **kwargs):
+            return Response(status=204)
+
+    router = SimpleRouter()
+    router.register("vs/widgets", WidgetViewSet)
+    return [
+        path("below", below),
+        path("above", above),
+        path("optional", optional),
+        path("widgets/<int:pk>/reboot", RebootView.as_view()),
+        *router.urls,
+    ]
+
+
+@pytest.fixture
+def schema():
+    with override_settings(REST_FRAMEWORK=SCHEMA_SETTINGS):
+        patterns = build_views()
+    return generate(patterns)
+
+
+def header(operation):
+    found = [p for p in operation.get("parameters", []) if p["name"] == "Idempotency-Key"]
+    assert len(found) <= 1
+    return found[0] if found else None
+
+
+def assert_protected(operation, *, required):
+    param = header(operation)
+    assert param is not None, operation["operationId"]
+    assert param["in"] == "header" and param.get("required", False) is required
+    assert param["schema"] == {"type": "string", "minLength": 1, "maxLength": 255}
+    for code in ("400", "409", "422"):
+        content = operation["responses"][code]["content"][PROBLEM]
+        assert content["schema"] == {"$ref": "#/components/schemas/IdempotencyProblem"}
+    assert "Retry-After" in operation["responses"]["409"]["headers"]
+    success = [r for c, r in operation["responses"].items() if c.startswith("2")]
+    assert success and all("Idempotent-Replayed" in r["headers"] for r in success)
+
+
+def assert_unprotected(operation):
+    assert header(operation) is None
+    assert "409" not in operation["responses"] and "422" not in operation["responses"]
+
+
+def test_function_views_below_and_above_api_view(schema):
+    paths = schema["paths"]
+    assert_protected(paths["/below"]["post"], required=True)
+    assert_protected(paths["/above"]["post"], required=True)
+    assert_protected(paths["/optional"]["post"], required=False)
+
+
+def test_apiview_method_and_viewset_mixin_actions(schema):
+    paths = schema["paths"]
+    assert_protected(paths["/widgets/{id}/reboot"]["post"], required=True)
+    assert_protected(paths["/vs/widgets/"]["post"], required=True)  # create
+    assert_protected(paths["/vs/widgets/{id}/resize/"]["post"], required=True)
+    assert_unprotected(paths["/vs/widgets/{id}/poke/"]["post"])  # not in idempotent_actions
+    assert_unprotected(paths["/vs/widgets/{id}/"]["put"])
+    assert_unprotected(paths["/vs/widgets/"]["get"])
+    # a decorated action keeps its own options, whatever idempotent_actions says
+    assert_protected(paths["/vs/widgets/{id}/"]["delete"], required=False)
+
+
+def test_problem_component(schema):
+    component = schema["components"]["schemas"]["IdempotencyProblem"]
+    assert component["required"] == ["type", "title", "status", "detail"]
+    assert set(component["properties"]) == {"type", "title", "status", "detail"}
+
+
+def test_required_follows_the_setting_at_generation_time():
+    with override_settings(REST_FRAMEWORK=SCHEMA_SETTINGS):
+        patterns = build_views()
+    generated = generate(patterns, IDEMPOTENCY={"REQUIRED": False})
+    assert_protected(generated["paths"]["/below"]["post"], required=False)
+    assert_protected(generated["paths"]["/widgets/{id}/reboot"]["post"], required=False)
+    assert_protected(generated["paths"]["/optional"]["post"], required=False)
+
+
+def test_without_the_schema_class_nothing_is_added():
+    plain = {**SCHEMA_SETTINGS, "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema"}
+    with override_settings(REST_FRAMEWORK=plain):
+        patterns = build_views()
+        generated = SchemaGenerator(patterns=patterns).get_schema(request=None, public=True)
+    assert header(generated["paths"]["/below"]["post"]) is None
+    assert header(generated["paths"]["/vs/widgets/"]["post"]) is None
+
+
+class Thing(serializers.Serializer):
+    name = serializers.CharField()
+
+
+def build_annotated_views():
+    """Views annotated with @extend_schema, which reads DEFAULT_SCHEMA_CLASS when applied."""
+
+    class ThingView(IdempotentMixin, APIView):
+        idempotent_actions = ["post"]
+        idempotency_options = {"required": False}
+
+        @extend_schema(
+            request=Thing,
+            responses={201: Thing, 400: Thing},
+            parameters=[OpenApiParameter("X-Trace", location=OpenApiParameter.HEADER)],
+        )
+        def post(self, request):
+            return Response(status=201)
+
+        def put(self, request):
+            return Response()
+
+    @extend_schema(responses={202: Thing})
+    @api_view(["POST"])
+    @idempotent(required=False)
+    def queued(request):
+        return Response(status=202)
+
+    return [path("things", ThingView.as_view()), path("queued", queued)]
+
+
+def test_extend_schema_and_mixin_options_merge():
+    with override_settings(REST_FRAMEWORK=SCHEMA_SETTINGS):
+        patterns = build_annotated_views()
+    generated = generate(patterns)
+    post = generated["paths"]["/things"]["post"]
+    assert_protected(post, required=False)
+    assert {p["name"] for p in post["parameters"]} == {"Idempotency-Key", "X-Trace"}
+    # the view's own 400 keeps its JSON body and gains the problem+json alternative
+    content = post["responses"]["400"]["content"]
+    assert set(content) == {"application/json", PROBLEM}
+    assert_unprotected(generated["paths"]["/things"]["put"])  # not in idempotent_actions
+    assert_protected(generated["paths"]["/queued"]["post"], required=False)
+    assert (
+        "Idempotent-Replayed"
+        in generated["paths"]["/queued"]["post"]["responses"]["202"]["headers"]
+    )
+
+
+def test_package_import_does_not_import_optional_dependencies():
+    code = (
+        "import sys, django; django.setup();"
+        "import django_idempotency, django_idempotency.decorators, django_idempotency.drf,"
+        " django_idempotency.metrics, django_idempotency.checks, django_idempotency.admin;"
+        "bad = {'drf_spectacular', 'prometheus_client'} & set(sys.modules);"
+        "assert not bad, bad"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        env={"DJANGO_SETTINGS_MODULE": "tests.settings", "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr

@@ -1,0 +1,187 @@
+"""The retention sweeper's rules (SPEC §6), on SQLite and PostgreSQL.
+
+Behaviour through the public functions, whatever the table kind: on PostgreSQL the
+records' days are partitions (dropped), on SQLite rows (deleted in batches).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+
+import pytest
+from django.db import connection, transaction
+from django.test import override_settings
+
+from django_idempotency import retention, store, testing
+from django_idempotency.checks import check_settings, check_view_retention
+from django_idempotency.models import IdempotencyRecord, OutboxMessage, OutboxState
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+DAY = 86400.0
+FP, OTHER_FP = "a" * 64, "b" * 64
+
+
+def claim(*, retention_s: float = DAY, key: str | None = None, fp: str = FP):
+    sc = store.Scope("auth.user:1", "POST /widgets", key or str(uuid.uuid4()))
+    return store.claim(sc, fp, lease=30, retention=retention_s)
+
+
+def done(won: store.Claim) -> None:
+    with transaction.atomic():
+        store.complete(won, store.StoredResponse(201, [], b"{}"))
+
+
+def exists(won: store.Claim) -> bool:
+    return IdempotencyRecord.objects.filter(pk=won.record_id).exists()
+
+
+@pytest.mark.parametrize(
+    ("settings", "now", "cutoff"),
+    [
+        ({}, "2024-03-10T15:00:00+00:00", "2024-03-03T00:00:00+00:00"),
+        ({"MAX_RETENTION": 3600}, "2024-03-10T00:30:00+00:00", "2024-03-09T00:00:00+00:00"),
+        ({"RETENTION": 10 * DAY}, "2024-03-10T15:00:00+00:00", "2024-02-29T00:00:00+00:00"),
+    ],
+)
+def test_cutoff_is_the_start_of_the_day_holding_now_minus_the_window(settings, now, cutoff):
+    with override_settings(IDEMPOTENCY=settings):
+        got = retention.cutoff_for(dt.datetime.fromisoformat(now))
+    assert got == dt.datetime.fromisoformat(cutoff)
+
+
+def test_sweep_forgets_the_days_past_max_retention_only():
+    with testing.travel(-9 * DAY):
+        nine_days = claim()
+    with testing.travel(-6 * DAY):
+        six_days = claim()
+    today = claim()
+    report = retention.sweep()
+    assert not report.skipped and not report.errors
+    assert not exists(nine_days)
+    assert exists(six_days) and exists(today)
+    assert report.cutoff <= report.now - dt.timedelta(days=7)
+    assert report.method == ("partitions" if connection.vendor == "postgresql" else "delete")
+
+
+def test_inside_a_kept_day_an_expired_record_is_absent_to_the_claim():
+    won = claim(retention_s=60)
+    done(won)
+    with testing.travel(120):
+        retention.sweep()
+        assert exists(won)  # its day is kept ...
+        key = IdempotencyRecord.objects.get(pk=won.record_id).key
+        fresh = claim(retention_s=60, key=key, fp=OTHER_FP)
+    assert isinstance(fresh, store.Claim)  # ... but the claim treats it as absent
+
+
+def test_dry_run_reports_and_changes_nothing():
+    with testing.travel(-9 * DAY):
+        old = claim()
+    report = retention.sweep(dry_run=True)
+    assert report.dry_run and exists(old)
+    if report.method == "delete":
+        assert report.deleted_records == 1
+    else:
+        assert report.dropped and all(p.day < report.cutoff.date() for p in report.dropped)
+    assert not retention.sweep().dry_run and not exists(old)
+
+
+def test_sweeping_again_does_nothing_more():
+    with testing.travel(-9 * DAY):
+        claim()
+    first = retention.sweep()
+    assert first.deleted_records or first.dropped
+    second = retention.sweep()
+    assert (second.deleted_records, second.dropped, second.created) == (0, [], [])
+
+
+def test_batched_delete_removes_everything_in_small_batches():
+    with testing.travel(-9 * DAY):
+        for _ in range(7):
+            claim()
+    kept = claim()
+    with override_settings(IDEMPOTENCY={"SWEEP_BATCH_SIZE": 2}):
+        report = retention.sweep()
+    if report.method == "delete":
+        assert report.deleted_records == 7
+    assert list(IdempotencyRecord.objects.values_list("pk", flat=True)) == [kept.record_id]
+
+
+def _message(state: str, sent_days_ago: float | None, created_days_ago: float = 0) -> OutboxMessage:
+    now = retention.store_now(connection)
+    sent_at = None if sent_days_ago is None else now - dt.timedelta(days=sent_days_ago)
+    return OutboxMessage.objects.create(
+        topic="t",
+        dedup_key=str(uuid.uuid4()),
+        state=state,
+        sent_at=sent_at,
+        created_at=now - dt.timedelta(days=created_days_ago),
+    )
+
+
+def test_sent_outbox_messages_past_their_retention_are_swept():
+    old_sent = _message(OutboxState.SENT, 8, 9)
+    recent_sent = _message(OutboxState.SENT, 2 / 24)
+    old_pending = _message(OutboxState.PENDING, None, 30)
+    old_dead = _message(OutboxState.DEAD, None, 30)
+    dry = retention.sweep(dry_run=True)
+    assert dry.deleted_outbox == 1 and OutboxMessage.objects.count() == 4
+    assert retention.sweep().deleted_outbox == 1
+    left = set(OutboxMessage.objects.values_list("pk", flat=True))
+    assert left == {recent_sent.pk, old_pending.pk, old_dead.pk}
+    assert old_sent.pk not in left
+    with override_settings(IDEMPOTENCY={"OUTBOX_RETENTION": 3600, "SWEEP_BATCH_SIZE": 1}):
+        assert retention.sweep().deleted_outbox == 1
+    assert set(OutboxMessage.objects.values_list("pk", flat=True)) == {old_pending.pk, old_dead.pk}
+
+
+def test_the_report_is_json_serialisable():
+    with testing.travel(-9 * DAY):
+        claim()
+    data = json.loads(json.dumps(retention.sweep().as_dict()))
+    assert data["database"] == "default" and data["method"] in ("partitions", "delete")
+    assert dt.datetime.fromisoformat(data["cutoff"]) < dt.datetime.fromisoformat(data["now"])
+
+
+# --- checks ----------------------------------------------------------------------------
+
+
+def ids(messages):
+    return [m.id for m in messages]
+
+
+def test_default_settings_pass_the_retention_checks():
+    assert check_settings() == [] and check_view_retention() == []
+
+
+@override_settings(IDEMPOTENCY={"MAX_RETENTION": 3600})
+def test_e006_max_retention_shorter_than_retention():
+    (message,) = check_settings()
+    assert message.id == "django_idempotency.E006" and "MAX_RETENTION" in message.msg
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"MAX_RETENTION": 0},
+        {"MAX_RETENTION": "x"},
+        {"PARTITIONS_AHEAD": -1},
+        {"SWEEP_BATCH_SIZE": 0},
+        {"OUTBOX_RETENTION": -5},
+    ],
+)
+def test_e006_invalid_sweeper_settings(values):
+    with override_settings(IDEMPOTENCY=values):
+        assert ids(check_settings()) == ["django_idempotency.E006"]
+
+
+@override_settings(IDEMPOTENCY={"MAX_RETENTION": 3000, "RETENTION": 600})
+def test_w002_a_view_keeps_keys_longer_than_max_retention():
+    messages = check_view_retention()
+    assert set(ids(messages)) == {"django_idempotency.W002"}
+    text = " ".join(m.msg for m in messages)
+    assert "optional_key" in text and "604800" in text  # @idempotent below @api_view
+    assert "WidgetViewSet" in text and "3600" in text  # IdempotentMixin per action

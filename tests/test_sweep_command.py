@@ -1,0 +1,128 @@
+"""``manage.py idempotency_sweep`` and the Celery task (SPEC §6), SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connection
+
+from django_idempotency import retention, store, testing
+from django_idempotency._pg_partitioned import SWEEP_LOCK
+from django_idempotency.models import IdempotencyRecord
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+DAY = 86400.0
+
+
+def old_claim() -> store.Claim:
+    sc = store.Scope("auth.user:1", "POST /widgets", str(uuid.uuid4()))
+    with testing.travel(-9 * DAY):
+        won = store.claim(sc, "a" * 64, lease=30, retention=DAY)
+    assert isinstance(won, store.Claim)
+    return won
+
+
+def run(*args: str) -> str:
+    out = StringIO()
+    call_command("idempotency_sweep", *args, stdout=out, stderr=StringIO())
+    return out.getvalue()
+
+
+def test_dry_run_reports_and_keeps_everything():
+    won = old_claim()
+    output = run("--dry-run")
+    assert output.startswith("Dry run: database 'default'")
+    if connection.vendor == "postgresql":
+        assert "Would drop partition django_idempotency_record_p" in output
+    else:
+        assert "Would delete 1 record." in output
+    assert "Would delete 0 sent outbox messages." in output
+    assert IdempotencyRecord.objects.filter(pk=won.record_id).exists()
+
+
+def test_run_forgets_old_days_and_says_so():
+    won = old_claim()
+    output = run()
+    if connection.vendor == "postgresql":
+        assert "Dropped partition django_idempotency_record_p" in output
+    else:
+        assert "Deleted 1 record." in output
+    assert not IdempotencyRecord.objects.filter(pk=won.record_id).exists()
+    again = run("--database", "default")
+    assert "Dropped" not in again and "Deleted 0 sent outbox messages." in again
+
+
+@pytest.mark.postgres
+def test_a_second_run_while_one_holds_the_lock_does_nothing():
+    won = old_claim()
+    other = connection.copy()
+    try:
+        with other.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_lock(%s, %s)", list(SWEEP_LOCK))
+        assert "Another sweeper is running" in run()
+        assert IdempotencyRecord.objects.filter(pk=won.record_id).exists()
+    finally:
+        with other.cursor() as cursor:  # closing alone releases it only eventually
+            cursor.execute("SELECT pg_advisory_unlock(%s, %s)", list(SWEEP_LOCK))
+        other.close()
+
+
+@pytest.mark.postgres
+def test_a_partition_that_could_not_be_dropped_fails_the_command(monkeypatch):
+    won = old_claim()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT tableoid::regclass::text FROM django_idempotency_record WHERE id = %s",
+            [won.record_id],
+        )
+        (name,) = cursor.fetchone()
+    monkeypatch.setattr(retention, "LOCK_TIMEOUT", 0.2)
+    reader = connection.copy()
+    try:
+        reader.set_autocommit(False)
+        with reader.cursor() as cursor:
+            cursor.execute(f"LOCK TABLE {name} IN ACCESS SHARE MODE")
+        with pytest.raises(CommandError, match="could not be dropped"):
+            run()
+    finally:
+        reader.rollback()
+        reader.close()
+    assert "Dropped partition" in run()
+
+
+def test_celery_task_runs_the_sweep():
+    pytest.importorskip("celery")
+    from django_idempotency.tasks import sweep
+
+    won = old_claim()
+    assert sweep.name == "django_idempotency.sweep"
+    report = sweep.apply(kwargs={"dry_run": True}).get()
+    assert report["dry_run"] and IdempotencyRecord.objects.filter(pk=won.record_id).exists()
+    report = sweep.apply().get()
+    assert report["database"] == "default" and not report["skipped"]
+    assert not IdempotencyRecord.objects.filter(pk=won.record_id).exists()
+
+
+def test_the_sweeper_works_without_celery():
+    """retention and the command import nothing from Celery."""
+    script = (
+        "import sys; sys.modules['celery'] = None\n"
+        "import django; django.setup()\n"
+        "import django_idempotency.retention\n"
+        "import django_idempotency.management.commands.idempotency_sweep\n"
+        "assert 'celery' not in {m.split('.')[0] for m in sys.modules if sys.modules[m]}\n"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
