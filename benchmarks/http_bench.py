@@ -19,7 +19,9 @@ temporary file), and for 1 and 8 concurrent clients measures ``POST /v1/workers`
 Each cell is the median of ``--rounds`` rounds of ``--requests`` requests (after a
 warm-up); the modes alternate within a round so drift hits them alike. Output: a
 Markdown table (requests/s, p50 and p99 latency in ms) and the two ratios the targets
-are about; ``--json FILE`` saves the raw numbers. Usage::
+are about, and the CPU time each request cost the gunicorn workers, PostgreSQL and the
+client (Linux ``/proc``), which says where the time goes when the machine is CPU-bound;
+``--json FILE`` saves the raw numbers. Usage::
 
     python benchmarks/http_bench.py                         # both databases, ~2 min
     python benchmarks/http_bench.py --databases postgres --clients 8 --rounds 5
@@ -72,6 +74,47 @@ class Cell:
     p50_ms: float
     p99_ms: float
     errors: int
+    #: CPU milliseconds per request: gunicorn workers, PostgreSQL processes, this client.
+    cpu_server_ms: float = 0.0
+    cpu_db_ms: float = 0.0
+    cpu_client_ms: float = 0.0
+
+
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _cpu_seconds(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICK  # utime + stime
+
+
+def cpu_sample(servers: list[Gunicorn]) -> dict[str, float]:
+    """CPU seconds used so far by the servers' workers, PostgreSQL and this process.
+
+    Linux ``/proc`` only (zeros elsewhere). PostgreSQL's processes are counted when
+    they run on this machine (``postgres`` in their name); SQLite has none.
+    """
+    workers = {pid for server in servers for pid in server.worker_pids()}
+    sample = {"server": 0.0, "db": 0.0, "client": _cpu_seconds(os.getpid())}
+    if not Path("/proc").is_dir():
+        return sample
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        if pid in workers:
+            sample["server"] += _cpu_seconds(pid)
+            continue
+        try:
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
+        except OSError:
+            continue
+        if name.startswith("postgres"):
+            sample["db"] += _cpu_seconds(pid)
+    return sample
 
 
 def body(run: str) -> dict[str, Any]:
@@ -175,7 +218,12 @@ def bench_database(name: str, url: str, args: argparse.Namespace) -> list[Cell]:
             for number in range(args.rounds):
                 order = MODES if number % 2 == 0 else tuple(reversed(MODES))
                 for mode in order:
+                    before = cpu_sample([server, atomic])
                     cell = load(urls[mode], mode, clients, args.requests, replay_keys)
+                    after = cpu_sample([server, atomic])
+                    per = {k: (after[k] - before[k]) * 1000 / cell.requests for k in before}
+                    cell.cpu_server_ms, cell.cpu_db_ms = per["server"], per["db"]
+                    cell.cpu_client_ms = per["client"]
                     rounds[mode].append(cell)
             for mode in MODES:
                 cell = median_cell(rounds[mode])
@@ -183,7 +231,9 @@ def bench_database(name: str, url: str, args: argparse.Namespace) -> list[Cell]:
                 cells.append(cell)
                 print(
                     f"    {clients} client(s) {mode:<14} {cell.rps:8.1f} req/s  "
-                    f"p50 {cell.p50_ms:6.1f} ms  p99 {cell.p99_ms:6.1f} ms  errors {cell.errors}"
+                    f"p50 {cell.p50_ms:6.1f} ms  p99 {cell.p99_ms:6.1f} ms  errors {cell.errors}  "
+                    f"CPU/request: server {cell.cpu_server_ms:.2f} db {cell.cpu_db_ms:.2f} "
+                    f"client {cell.cpu_client_ms:.2f} ms"
                 )
     finally:
         for gunicorn in (server, atomic):
@@ -202,8 +252,9 @@ def median_cell(cells: list[Cell]) -> Cell:
 
 def markdown(cells: list[Cell]) -> str:
     lines = [
-        "| database | clients | request | requests/s | p50 ms | p99 ms |",
-        "| --- | ---: | --- | ---: | ---: | ---: |",
+        "| database | clients | request | requests/s | p50 ms | p99 ms "
+        "| CPU ms/request: server | database | client |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     labels = {
         "unkeyed": "unkeyed (unprotected)",
@@ -214,7 +265,8 @@ def markdown(cells: list[Cell]) -> str:
     for c in cells:
         lines.append(
             f"| {c.database} | {c.clients} | {labels[c.mode]} | {c.rps:.0f} | "
-            f"{c.p50_ms:.1f} | {c.p99_ms:.1f} |"
+            f"{c.p50_ms:.1f} | {c.p99_ms:.1f} | {c.cpu_server_ms:.2f} | {c.cpu_db_ms:.2f} | "
+            f"{c.cpu_client_ms:.2f} |"
         )
     lines.append("")
     lines.append(

@@ -199,10 +199,11 @@ def main() -> None:
     for rows in args.rows:
         drop = median([measure(rows, args.live, partitioned=True) for _ in range(args.repeat)])
         delete = median([measure(rows, args.live, partitioned=False) for _ in range(args.repeat)])
+        ratio = f"{delete['sweep'] / drop['sweep']:,.0f}x" if rows else "-"
         print(
             f"| {rows:,} | {drop['size'] / 2**20:,.0f} | {drop['sweep']:.3f} "
             f"| {drop['wal'] / 1024:,.0f} | {delete['sweep']:.2f} | {delete['wal'] / 1024:,.0f} "
-            f"| {delete['vacuum']:.2f} | {delete['sweep'] / drop['sweep']:,.0f}x |",
+            f"| {delete['vacuum']:.2f} | {ratio} |",
             flush=True,
         )
     if args.claims:
