@@ -7,8 +7,8 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from .conf import conf, resolve_callable
-from .responses import FORBIDDEN_HEADERS
 from .phases import validate_phases
+from .responses import FORBIDDEN_HEADERS
 
 PrincipalResolver = Callable[[Any], "str | None"]
 ReleasePredicate = Callable[[int], bool]
