@@ -13,7 +13,8 @@ The contract (docs/benchmarks.md):
   statement) + the completion (1 UPDATE), plus ``BEGIN``/``COMMIT`` of the view's
   transaction: 4 round trips more than the same view unkeyed.
 * PostgreSQL, replay: authentication + exactly 1 statement (the claim, which returns
-  the stored response). The view does not run.
+  the stored response). The view does not run. A key reused with another body (422)
+  costs the same.
 * SQLite, keyed first execution: the claim is ``BEGIN``, ``INSERT``, ``COMMIT`` (3),
   the view's block adds ``BEGIN``/``COMMIT``, the completion 1: 6 more than unkeyed,
   2 of them data statements.
@@ -40,11 +41,13 @@ RECORD_TABLE = "django_idempotency"
 AUTH_STATEMENTS = 1  # TokenAuthentication: one SELECT of the token and its user
 
 
-def capture(api: APIClient, key: str | None, *, status: int = 201) -> list[str]:
+def capture(
+    api: APIClient, key: str | None, *, status: int = 201, body: dict[str, Any] | None = None
+) -> list[str]:
     """POST /optional (Widget create + count), with ``key`` or unkeyed; its SQL."""
     headers = {"HTTP_IDEMPOTENCY_KEY": key} if key else {}
     with CaptureQueriesContext(connection) as ctx:
-        response = api.post("/optional", {}, format="json", **headers)
+        response = api.post("/optional", body or {}, format="json", **headers)
     assert response.status_code == status, response.content
     return [q["sql"] for q in ctx.captured_queries]
 
@@ -122,3 +125,13 @@ def test_a_new_key_on_a_fresh_connection_asks_the_table_kind_once(
 
     extra = 1 if on_postgres else 0  # PostgreSQL: is the record table partitioned?
     assert len(first) == len(second) + extra
+
+
+def test_a_reused_key_costs_what_a_replay_costs(api: APIClient, on_postgres: bool) -> None:
+    key = str(uuid.uuid4())
+    capture(api, key)
+
+    reused = capture(api, key, status=422, body={"other": "body"})
+
+    assert len(on_record_table(reused)) == (1 if on_postgres else 2)
+    assert len(reused) == AUTH_STATEMENTS + (1 if on_postgres else 4)
