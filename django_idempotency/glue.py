@@ -15,7 +15,7 @@ from django.db import connections, transaction
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 
-from . import protocol
+from . import execution, protocol
 from .options import Options
 
 
@@ -97,10 +97,10 @@ def run(
     if isinstance(decision, protocol.Respond):
         return decision.response
     if isinstance(decision, protocol.Bypass):
-        protocol.attach(request, None)
+        execution.attach(request, None)
         with atomic_requests_blocks():
             return call()
     # Other databases with ATOMIC_REQUESTS keep their per-request transaction; the
     # record's database gets the view's own block, opened after the claim committed.
     with atomic_requests_blocks(exclude=decision.claim.using):
-        return protocol.execute(decision, request, call, finalize)
+        return execution.execute(decision, request, call, finalize)

@@ -1,9 +1,9 @@
 """Request in, decision out: proceed, replay, 409, 422 or 400 (SPEC §2-§4). No DRF.
 
 :func:`begin` reads the key, resolves the scope, fingerprints the request and claims
-the key; :func:`execute` runs the view in ``transaction.atomic()`` and completes,
-releases or fences the claim. The decorator and the DRF mixin are thin glue over
-these two functions.
+the key. What happens once a request owns a key (the view in ``transaction.atomic()``,
+then completion, release or fencing) is ``execution.execute``. The decorator and the
+DRF mixin are thin glue over these two functions.
 """
 
 from __future__ import annotations
@@ -12,24 +12,22 @@ import hashlib
 import logging
 import re
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooManyFilesSent
-from django.db import DatabaseError, InterfaceError, transaction
+from django.db import DatabaseError, InterfaceError
 from django.http import HttpRequest, UnreadablePostError
 from django.http.multipartparser import MultiPartParserError
 from django.http.request import RawPostDataException
 from django.http.response import HttpResponseBase
 
-from . import fingerprint, phases, problems, signals, store
+from . import fingerprint, problems, signals, store
 from .conf import conf
-from .context import IdempotencyContext
 from .keys import HEADER, InvalidKey, parse_key
 from .logging import key_hash
 from .options import Options
-from .responses import REPLAYED_HEADER, build, rebuild_consumed, snapshot
+from .responses import REPLAYED_HEADER, build
 
 logger = logging.getLogger("django_idempotency")
 
@@ -52,7 +50,7 @@ class Respond:
 
 @dataclass(frozen=True)
 class Proceed:
-    """The request owns the key: run the view through :func:`execute`."""
+    """The request owns the key: run the view through ``execution.execute``."""
 
     claim: store.Claim
     options: Options
@@ -242,142 +240,6 @@ def _claim(scope: store.Scope, fp: str, options: Options) -> Respond | Proceed:
             )
         time.sleep(min(delay, remaining))  # bounded in-flight wait (opt-in per view)
         delay = min(delay * 2, 0.5)
-
-
-def attach(request: Any, context: IdempotencyContext | None) -> None:
-    """Set ``request.idempotency`` (on a DRF request, on its Django request too)."""
-    request.idempotency = context
-    http = getattr(request, "_request", None)
-    if http is not None:
-        http.idempotency = context
-
-
-class _Release(Exception):
-    def __init__(self, response: HttpResponseBase) -> None:
-        super().__init__("release")
-        self.response = response
-
-
-def _release(claim: store.Claim, status: int | None) -> None:
-    kwargs = _kw(claim)
-    try:
-        store.release(claim)
-    except (DatabaseError, InterfaceError) as exc:  # the lease runs out; never mask the cause
-        logger.error("could not release idempotency claim: %s", exc, extra=kwargs)
-        return
-    signals.released.send(claim.scope.endpoint, status=status, **kwargs)
-
-
-def execute(
-    proceed: Proceed,
-    request: Any,
-    call: Callable[[], HttpResponseBase],
-    finalize: Callable[[HttpResponseBase], HttpResponseBase],
-) -> HttpResponseBase:
-    """Run the view once for a claimed key and settle the claim (SPEC §4, §5).
-
-    Args:
-        proceed: the claim from :func:`begin`.
-        request: the request(s) ``request.idempotency`` is attached to.
-        call: runs the view and returns its response.
-        finalize: renders the response to bytes (DRF negotiation, templates).
-
-    Returns:
-        The view's response; a rebuilt copy if it was streaming; the 409 lease-lost
-        problem if the completion was fenced off (everything rolled back).
-
-    Raises:
-        Whatever the view raised, after rolling back and releasing the key (a phased
-        view that finished a phase keeps its claim instead: docs/phases.md).
-    """
-    claim, options = proceed.claim, proceed.options
-    context = IdempotencyContext(claim, lease=options.get_lease(), phases=options.phases)
-    attach(request, context)
-    with context.activated():
-        if options.phases:  # no single transaction: each phase commits on its own
-            try:
-                response, stored = phases.execute(context, options, call, finalize, _release)
-            except store.LeaseLost:
-                return _lease_lost(claim)
-            except phases.CompletionFailed as exc:
-                return _completion_failed(claim, exc.__cause__ or exc)
-            if stored is not None:
-                signals.completed.send(claim.scope.endpoint, status=stored.status, **_kw(claim))
-            return response
-        return _execute_atomic(claim, options, call, finalize)
-
-
-def _kw(claim: store.Claim) -> dict[str, str]:
-    """The keyword arguments of every signal about ``claim`` (signals.py)."""
-    return {
-        "principal": claim.scope.principal,
-        "endpoint": claim.scope.endpoint,
-        "key_hash": key_hash(claim.scope.key),
-    }
-
-
-def _lease_lost(claim: store.Claim) -> HttpResponseBase:
-    signals.fenced.send(claim.scope.endpoint, **_kw(claim))
-    return problems.problem_response(
-        problems.LEASE_LOST,
-        "This request ran longer than its lease and another attempt with the same "
-        "key took over; its changes were rolled back. Retry with the same key to "
-        "get the result of the attempt that completed.",
-        retry_after=conf.retry_after,
-    )
-
-
-def _execute_atomic(
-    claim: store.Claim,
-    options: Options,
-    call: Callable[[], HttpResponseBase],
-    finalize: Callable[[HttpResponseBase], HttpResponseBase],
-) -> HttpResponseBase:
-    """The view and its completion in one ``transaction.atomic()`` block (SPEC §4)."""
-    completing = False
-    try:
-        with transaction.atomic(using=claim.using):
-            response = finalize(call())
-            if options.should_release(response.status_code):
-                raise _Release(response)
-            stored = snapshot(response, options.get_replay_headers())
-            if getattr(response, "streaming", False):
-                response = rebuild_consumed(response, stored)
-            completing = True
-            store.complete(claim, stored)
-    except _Release as release:
-        _release(claim, release.response.status_code)
-        return release.response
-    except store.LeaseLost:
-        return _lease_lost(claim)
-    except (DatabaseError, InterfaceError) as exc:
-        _release(claim, None)
-        if not completing:
-            raise  # the view's own database error: the view's 500
-        return _completion_failed(claim, exc)
-    except BaseException:
-        _release(claim, None)
-        raise
-    signals.completed.send(claim.scope.endpoint, status=stored.status, **_kw(claim))
-    return response
-
-
-def _completion_failed(claim: store.Claim, exc: BaseException) -> HttpResponseBase:
-    """503 for a store failure while completing (the UPDATE or the COMMIT).
-
-    Whatever happened, the record and the view's writes share one transaction: either
-    both committed (the record is completed, the release above left it alone, a retry
-    replays) or neither did (the claim was released, or its lease runs out; a retry
-    runs the view). The client cannot tell which, so it is told to retry.
-    """
-    signals.store_failed.send(claim.scope.endpoint, error=exc, **_kw(claim))
-    return problems.problem_response(
-        problems.STORE_UNAVAILABLE,
-        "The idempotency store failed while saving the result of this request, so it "
-        "may or may not have taken effect. Retry later with the same key: you will get "
-        "its result, or it will run once.",
-        retry_after=conf.retry_after,
-    )
 
 
 def _too_large_to_replay(stored: store.StoredResponse) -> HttpResponseBase:
