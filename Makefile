@@ -10,7 +10,7 @@ DJANGO_SPEC ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test stress lint docs install clean
+.PHONY: demo test stress storm lint docs install clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
+
+storm: $(STAMP)
+	$(BIN)/python example_project/storm.py
 
 stress: $(STAMP)
 	$(BIN)/python -m pytest --stress tests/test_concurrency.py

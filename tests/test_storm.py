@@ -1,0 +1,190 @@
+"""The retry storm (example_project/storm.py) and its fault-injecting proxy.
+
+* The proxy's faults, in-process against a tiny stdlib HTTP server: each fault does
+  what the storm relies on (the upstream saw the request when the client saw none).
+* The storm itself, as a user runs it, on PostgreSQL: gunicorn with several
+  processes, many client threads through the proxy, idempotency on then off, and a
+  gunicorn worker killed with SIGKILL in the middle of a create. Bounded: a reduced
+  storm, and a hard timeout on the subprocess.
+"""
+
+from __future__ import annotations
+
+import http.server
+import random
+import re
+import sys
+import threading
+from collections.abc import Iterator
+from urllib.parse import quote
+
+import pytest
+from django.conf import settings
+
+from tests.test_example_project import EXAMPLE, run_in_example
+
+httpx = pytest.importorskip("httpx")
+pytest.importorskip("stamina")
+
+if str(EXAMPLE) not in sys.path:
+    sys.path.insert(0, str(EXAMPLE))
+
+from storm.proxy import NO_FAULTS, FaultProxy, FaultRates  # noqa: E402
+
+STORM_TIMEOUT = 240  # seconds; the reduced storm takes about 25
+
+
+class Upstream(http.server.ThreadingHTTPServer):
+    """Answers every POST with 201 and counts the requests it got."""
+
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        self.seen: list[bytes] = []
+        self.lock = threading.Lock()
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                with outer.lock:
+                    outer.seen.append(body)
+                self.send_response(201)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"{}")
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+
+
+@pytest.fixture
+def upstream() -> Iterator[Upstream]:
+    server = Upstream()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def proxy(upstream: Upstream) -> Iterator[FaultProxy]:
+    fault_proxy = FaultProxy(upstream.server_address[1], rates=NO_FAULTS, stall=0.5, seed=1)
+    fault_proxy.start()
+    yield fault_proxy
+    fault_proxy.stop()
+
+
+def send(proxy: FaultProxy, fault: str, timeout: float = 5.0) -> httpx.Response:
+    return httpx.post(
+        proxy.url + "/v1/workers",
+        content=b'{"n": 1}',
+        headers={"X-Storm-Fault": fault},
+        timeout=timeout,
+    )
+
+
+def test_proxy_passes_requests_through(proxy: FaultProxy, upstream: Upstream) -> None:
+    response = send(proxy, "pass")
+
+    assert response.status_code == 201 and response.content == b"{}"
+    assert upstream.seen == [b'{"n": 1}']
+
+
+def test_proxy_drop_runs_the_request_and_sends_no_answer(
+    proxy: FaultProxy, upstream: Upstream
+) -> None:
+    with pytest.raises(httpx.RemoteProtocolError):
+        send(proxy, "drop")
+
+    assert upstream.seen == [b'{"n": 1}']
+    assert proxy.counts["drop"] == 1
+
+
+def test_proxy_duplicate_sends_two_copies_at_once(proxy: FaultProxy, upstream: Upstream) -> None:
+    response = send(proxy, "duplicate")
+
+    assert proxy.drain(timeout=10)
+    assert response.status_code == 201
+    assert upstream.seen == [b'{"n": 1}', b'{"n": 1}']
+
+
+@pytest.mark.parametrize("fault", ["stall-request", "stall-response"])
+def test_proxy_stalls_past_the_client_timeout_and_still_forwards(
+    proxy: FaultProxy, upstream: Upstream, fault: str
+) -> None:
+    with pytest.raises(httpx.ReadTimeout):
+        send(proxy, fault, timeout=0.1)
+
+    assert proxy.drain(timeout=10)
+    assert upstream.seen == [b'{"n": 1}']
+
+
+def test_fault_rates_draw_each_fault() -> None:
+    rng = random.Random(3)
+    draws = [FaultRates().draw(rng) for _ in range(2000)]
+
+    assert set(draws) == {"pass", "drop", "stall-request", "stall-response", "duplicate"}
+    assert 0.5 < draws.count("pass") / len(draws) < 0.7
+    assert {NO_FAULTS.draw(rng) for _ in range(100)} == {"pass"}
+
+
+def admin_url() -> str:
+    db = settings.DATABASES["default"]
+    user = quote(db.get("USER") or "postgres", safe="")
+    if db.get("PASSWORD"):
+        user += ":" + quote(db["PASSWORD"], safe="")
+    return f"postgres://{user}@{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/postgres"
+
+
+@pytest.mark.postgres
+def test_the_storm_holds_with_idempotency_and_recovers_from_a_killed_worker() -> None:
+    pytest.importorskip("gunicorn")
+    import psycopg
+
+    code, output = run_in_example(
+        ["storm.py", "--database-url", admin_url(), "--operations", "40", "--clients", "8"],
+        admin_url(),
+        timeout=STORM_TIMEOUT,
+    )
+
+    assert code == 0, output
+    assert "STORM PASSED: idempotency held" in output, output
+    phantom = re.search(r"PHANTOM WORKERS \(beyond one per operation\)\s+(\d+)\s+(\d+)", output)
+    assert phantom, output
+    on, off = int(phantom.group(1)), int(phantom.group(2))
+    assert on == 0, output
+    assert off > 0, output  # restarted clients alone make phantom workers without keys
+    created = re.search(r"workers created\s+(\d+)\s+(\d+)", output)
+    assert created and int(created.group(1)) == 40, output
+    # With keys, retries are answered by replays (without, only a rare duplicate is).
+    assert re.search(r"replays \(Idempotent-Replayed: true\)\s+[1-9]\d*\s", output), output
+    for fault in ("answers dropped after commit", "requests sent twice at once"):
+        assert re.search(rf"proxy: {fault}\s+[1-9]", output), output
+    # The crash: the worker running the create was killed; the retry took over.
+    assert re.search(r"killed worker \d+ with SIGKILL while it was inside the view", output)
+    assert re.search(r"attempt +1: no answer: \w+", output), output
+    assert re.search(r"attempt +\d+: 409, retry in", output), output
+    assert "workers created for this one operation: 1" in output, output
+    assert "the record's state: completed" in output, output
+    # The throwaway database is gone.
+    name = re.search(r"database: \S+/(leasebroker_storm_[0-9a-f]+)", output)
+    assert name, output
+    with psycopg.connect(admin_url(), autocommit=True) as conn:
+        left = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name.group(1),))
+        assert left.fetchone() is None
+
+
+def test_the_storm_refuses_a_non_loopback_database() -> None:
+    code, output = run_in_example(
+        ["storm.py", "--database-url", "postgres://postgres@192.0.2.1:5432/postgres"],
+        "sqlite:///unused.sqlite3",
+        timeout=60,
+    )
+
+    assert code == 2, output
+    assert "loopback only" in output, output
