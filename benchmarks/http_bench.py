@@ -56,7 +56,6 @@ from storm.server import (  # noqa: E402  (example_project/storm: server helpers
     ThrowawayDatabase,
     manage,
 )
-
 from workers.demo_principals import DEMO_TOKENS  # noqa: E402
 
 MODES = ("unkeyed", "unkeyed-atomic", "keyed", "replay")

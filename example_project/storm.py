@@ -35,11 +35,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import stamina.instrumentation
+
 from storm.clients import Mode, Storm, Tally, count_workers, plan
 from storm.crash import CrashReport, crash_mid_flight
 from storm.proxy import FaultProxy, FaultRates
 from storm.server import Gunicorn, SetupError, ThrowawayDatabase, manage, shown_url
-
 from workers.demo_principals import DEMO_TOKENS
 
 DEFAULT_ADMIN_URL = "postgres://postgres@127.0.0.1:5432/postgres"
