@@ -131,5 +131,10 @@ IDEMPOTENCY = {
 LEASEBROKER_REBOOT_SECONDS = env.float("LEASEBROKER_REBOOT_SECONDS", default=1.0)
 # Seconds one boot of a new worker takes (0: instant).
 LEASEBROKER_BOOT_SECONDS = env.float("LEASEBROKER_BOOT_SECONDS", default=0.0)
+# The fake hypervisor's own state (workers/hypervisor.py): a SQLite file apart from the
+# API's database, as a real hypervisor's state is.
+LEASEBROKER_HYPERVISOR_DB = env(
+    "LEASEBROKER_HYPERVISOR_DB", default=str(VAR_DIR / "hypervisor.sqlite3")
+)
 # How long a lease on a worker lasts, and what one renewal adds (seconds).
 LEASEBROKER_LEASE_SECONDS = env.int("LEASEBROKER_LEASE_SECONDS", default=24 * 60 * 60)

@@ -31,23 +31,17 @@ class WorkerQuerySet(models.QuerySet):
         """Workers that have not been deleted."""
         return self.exclude(state=WorkerState.DELETED)
 
-    def allocate(self, *, owner: Any, lease_seconds: float, **fields: Any) -> Worker:
-        """Create a worker with a fresh random id and its first lease.
+    def allocate(self, *, owner: Any, **fields: Any) -> Worker:
+        """Create a worker with a fresh random id (no lease yet: see ``Lease.grant``).
 
         Retries with another id on the (rare) collision; call inside a transaction.
         """
         for _attempt in range(10):
             try:
                 with transaction.atomic():
-                    worker = self.create(id=new_worker_id(), owner=owner, **fields)
+                    return self.create(id=new_worker_id(), owner=owner, **fields)
             except IntegrityError:
                 continue
-            Lease.objects.create(
-                worker=worker,
-                owner=owner,
-                expires_at=timezone.now() + dt.timedelta(seconds=lease_seconds),
-            )
-            return worker
         raise RuntimeError("could not find a free worker id")
 
 
@@ -64,6 +58,11 @@ class Worker(models.Model):
         max_length=16, choices=WorkerState.choices, default=WorkerState.BOOTING
     )
     reboots = models.PositiveIntegerField(default=0)
+    # derive_key("worker") of the create request that allocated it: how a retry that
+    # resumes after the "allocated" phase finds it again (docs/phases.md).
+    request_ref = models.CharField(max_length=36, unique=True, null=True, editable=False)
+    # The hypervisor's VM, once booted.
+    vm_id = models.CharField(max_length=40, blank=True, editable=False)
     created_at = models.DateTimeField(default=timezone.now)
 
     objects = WorkerQuerySet.as_manager()
@@ -76,6 +75,16 @@ class Worker(models.Model):
         return self.id
 
 
+class LeaseQuerySet(models.QuerySet):
+    def grant(self, worker: Worker, *, seconds: float) -> Lease:
+        """A lease on ``worker`` for its owner, ending ``seconds`` from now."""
+        return self.create(
+            worker=worker,
+            owner=worker.owner,
+            expires_at=timezone.now() + dt.timedelta(seconds=seconds),
+        )
+
+
 class Lease(models.Model):
     worker = models.ForeignKey(Worker, on_delete=models.CASCADE, related_name="leases")
     owner = models.ForeignKey(
@@ -83,6 +92,8 @@ class Lease(models.Model):
     )
     created_at = models.DateTimeField(default=timezone.now)
     expires_at = models.DateTimeField()
+
+    objects = LeaseQuerySet.as_manager()
 
     class Meta:
         ordering = ["-expires_at"]

@@ -33,10 +33,11 @@ class WorkerSerializer(serializers.ModelSerializer):
             "labels",
             "state",
             "reboots",
+            "vm_id",
             "created_at",
             "lease_expires_at",
         ]
-        read_only_fields = ["id", "owner", "state", "reboots", "created_at"]
+        read_only_fields = ["id", "owner", "state", "reboots", "vm_id", "created_at"]
 
     def validate_image(self, value: str) -> str:
         if not value.strip():

@@ -8,9 +8,11 @@
 from __future__ import annotations
 
 import datetime as dt
+import uuid
 from typing import Any
 
 from django.conf import settings
+from django.db import transaction
 from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
 from django.utils import timezone
@@ -25,6 +27,10 @@ from django_idempotency import IdempotentMixin, idempotent
 from . import hypervisor
 from .models import Lease, Worker, WorkerState
 from .serializers import WorkerSerializer
+
+#: The phases of a create, in order. Never rename or reorder them while requests may
+#: still resume (within PROVISIONING_RETENTION); new phases go at the end.
+CREATE_PHASES = ["allocated", "leased", "booted"]
 
 #: Provisioning keys are kept for 7 days: a client retrying a create days later
 #: (after an outage, from a queue) still gets its original worker, not a second one.
@@ -44,7 +50,7 @@ class WorkerViewSet(
     serializer_class = WorkerSerializer
     lookup_value_converter = "str"
     idempotent_actions = {
-        "create": {"retention": PROVISIONING_RETENTION},
+        "create": {"retention": PROVISIONING_RETENTION, "phases": CREATE_PHASES},
         "destroy": {},
         "reboot": {},
     }
@@ -54,16 +60,48 @@ class WorkerViewSet(
         return Worker.objects.live().filter(owner=self.request.user).select_related("owner")
 
     def perform_create(self, serializer: BaseSerializer) -> None:
+        """allocate -> lease -> boot, each step an atomic phase (docs/phases.md).
+
+        Each phase commits its writes with the record's recovery point. A retry after
+        a crash resumes after the last phase that committed; the hypervisor gets a boot
+        id derived from the key, so a boot that ran but did not commit converges on the
+        same VM. The worker is found again by ``request_ref``, derived from the key.
+        """
+        idem = getattr(self.request, "idempotency", None)
         data: dict[str, Any] = dict(serializer.validated_data)
-        worker = Worker.objects.allocate(
-            owner=self.request.user,
-            lease_seconds=settings.LEASEBROKER_LEASE_SECONDS,
-            state=WorkerState.BOOTING,
-            **data,
+        if idem is None:  # no key and REQUIRED off: unprotected, one transaction
+            ref = uuid.uuid4().hex
+            with transaction.atomic():
+                self._allocate(ref, data)
+                self._lease(ref)
+                self._boot(ref, boot_id=ref)
+        else:
+            ref = idem.derive_key("worker")
+            if idem.pending("allocated"):
+                with idem.phase("allocated"):
+                    self._allocate(ref, data)
+            if idem.pending("leased"):
+                with idem.phase("leased"):
+                    self._lease(ref)
+            if idem.pending("booted"):
+                with idem.phase("booted"):
+                    self._boot(ref, boot_id=idem.derive_key("boot"))
+        serializer.instance = Worker.objects.select_related("owner").get(request_ref=ref)
+
+    def _allocate(self, ref: str, data: dict[str, Any]) -> None:
+        Worker.objects.allocate(
+            owner=self.request.user, request_ref=ref, state=WorkerState.BOOTING, **data
         )
-        worker.state = hypervisor.boot(worker.id)
-        worker.save(update_fields=["state"])
-        serializer.instance = worker
+
+    def _lease(self, ref: str) -> None:
+        worker = Worker.objects.select_for_update().get(request_ref=ref)
+        Lease.objects.grant(worker, seconds=settings.LEASEBROKER_LEASE_SECONDS)
+
+    def _boot(self, ref: str, *, boot_id: str) -> None:
+        worker = Worker.objects.select_for_update().get(request_ref=ref)
+        vm = hypervisor.client().boot(worker.id, boot_id=boot_id)  # outside our database
+        worker.vm_id, worker.state = vm.vm_id, WorkerState.RUNNING
+        worker.save(update_fields=["vm_id", "state"])
 
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         response = super().create(request, *args, **kwargs)
