@@ -26,8 +26,6 @@ new statements and a new migration.
 from __future__ import annotations
 
 import threading
-from typing import Any
-from weakref import WeakKeyDictionary
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
@@ -199,29 +197,30 @@ FROM django_idempotency_claim(
     %(retention)s::float8, %(clock_offset)s::float8)
 """
 
-_kinds: WeakKeyDictionary[Any, bool] = WeakKeyDictionary()
+_kinds: dict[tuple[str, str], bool] = {}
 _kinds_lock = threading.Lock()
 
 
 def is_partitioned(connection: BaseDatabaseWrapper) -> bool:
     """Whether the record table on ``connection`` is a partitioned PostgreSQL table.
 
-    Asked once per database connection (one catalog query), then cached on the
-    driver's connection object, so the claim's hot path pays nothing. ``False`` on
-    other backends, and when the table does not exist.
+    Asked once per process and database (one catalog query), then cached, so the
+    claim's hot path pays nothing even with ``CONN_MAX_AGE = 0``. Migrations that
+    change the table, and any failing claim statement, call :func:`forget`, so a
+    process that outlives a migration re-reads it. ``False`` on other backends, and
+    when the table does not exist.
     """
     if connection.vendor != "postgresql":
         return False
-    connection.ensure_connection()
-    raw = connection.connection
-    kind = _kinds.get(raw)
+    cache_key = (connection.alias, str(connection.settings_dict.get("NAME")))
+    kind = _kinds.get(cache_key)
     if kind is None:
         with connection.cursor() as cursor:
             cursor.execute("SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)", [TABLE])
             row = cursor.fetchone()
         kind = row is not None and row[0] == "p"
         with _kinds_lock:
-            _kinds[raw] = kind
+            _kinds[cache_key] = kind
     return kind
 
 

@@ -37,6 +37,7 @@ from django.db.models.expressions import RawSQL
 from . import clock
 from ._pg import PG_CLAIM_SQL, PG_EXTEND_SQL, PG_FETCH_SQL, pg_now
 from ._pg_partitioned import PG_PARTITIONED_CLAIM_SQL, is_partitioned
+from ._pg_partitioned import forget as forget_table_kind
 from .conf import conf
 from .models import IdempotencyRecord, RecordState
 
@@ -288,10 +289,14 @@ def _insert(
         # A day-partitioned table (docs/retention.md) has no unique index to conflict
         # with: a server-side function locks the scope, looks it up, then inserts.
         sql = PG_PARTITIONED_CLAIM_SQL if is_partitioned(connection) else PG_CLAIM_SQL
-        with block, connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            row = cursor.fetchone()
-            columns = [col.name for col in cursor.description] if row else []
+        try:
+            with block, connection.cursor() as cursor:
+                cursor.execute(sql, params)
+                row = cursor.fetchone()
+                columns = [col.name for col in cursor.description] if row else []
+        except DatabaseError:
+            forget_table_kind()  # perhaps a migration changed the table under us
+            raise
         if row is None:
             return None, fetch(scope, using=using)
         data = dict(zip(columns, row, strict=True))
