@@ -1,12 +1,14 @@
 # The two commands of the README:
 #   make demo   set everything up, run leasebroker and a scripted client over real HTTP
 #   make test   set everything up, run the test suite (SQLite; DATABASE_URL for PostgreSQL)
-# Variables: PYTHON (interpreter for the venv), VENV (its folder), DJANGO_SPEC (pin
-# Django, e.g. "Django>=4.2,<5.0"), DATABASE_URL (the suite's and the demo's database).
+# Variables: PYTHON (interpreter for the venv), VENV (its folder), DJANGO_SPEC / DRF_SPEC
+# (pin Django / DRF, e.g. "Django>=4.2,<5.0"), DATABASE_URL (the suite's and the demo's
+# database).
 
 PYTHON ?= python3
 VENV ?= .venv
 DJANGO_SPEC ?=
+DRF_SPEC ?=
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
@@ -15,7 +17,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e ".[test,example,celery,lint,docs]" $(if $(DJANGO_SPEC),"$(DJANGO_SPEC)")
+	$(BIN)/python -m pip install --quiet -e ".[test,example,celery,lint,docs]" $(if $(DJANGO_SPEC),"$(DJANGO_SPEC)") $(if $(DRF_SPEC),"$(DRF_SPEC)")
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -30,6 +32,7 @@ storm: $(STAMP)
 	$(BIN)/python example_project/storm.py
 
 stress: $(STAMP)
+	@case "$$DATABASE_URL" in postgres*) ;; *) echo "make stress needs PostgreSQL: DATABASE_URL=postgres://... make stress"; exit 2;; esac
 	$(BIN)/python -m pytest --stress tests/test_concurrency.py
 
 lint: $(STAMP)

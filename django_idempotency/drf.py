@@ -34,6 +34,22 @@ class IdempotentMixin:
     idempotent_actions: Iterable[str] | Mapping[str, Mapping[str, Any]] | None = None
     idempotency_options: Mapping[str, Any] = {}
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Validate the options when the class is defined, as ``@idempotent`` does.
+
+        Raises:
+            TypeError: an unknown option or an invalid value (a misspelt option would
+                otherwise fail on every request).
+        """
+        super().__init_subclass__(**kwargs)
+        Options.from_kwargs(**dict(cls.idempotency_options))
+        actions = cls.idempotent_actions
+        if isinstance(actions, str):
+            raise TypeError(f"{cls.__qualname__}.idempotent_actions must be a list, not a string")
+        if isinstance(actions, Mapping):
+            for options in actions.values():
+                Options.from_kwargs(**dict(options))
+
     @classmethod
     def as_view(cls, *args: Any, **kwargs: Any) -> Any:
         """DRF's ``as_view``, exempted from ``ATOMIC_REQUESTS`` (we open the blocks)."""

@@ -5,7 +5,8 @@ Inputs, in order, each framed by its length so no two inputs can run together:
 1. a version tag (``fp1``), so a future change of scheme never matches an old hash;
 2. the method, upper case;
 3. the full path (``request.path``, including any script prefix);
-4. the query string, parsed and sorted by (name, value), blanks kept; escapes are
+4. the query string, parsed and sorted by name (the values of a repeated name keep
+   their order: Django and DRF take the last one), blanks kept; escapes are
    decoded byte for byte (Django decodes them with the request's charset, so two
    different byte strings must never look the same here);
 5. the configured headers (``FINGERPRINT_HEADERS``), lower-cased name and value;
@@ -17,23 +18,31 @@ Inputs, in order, each framed by its length so no two inputs can run together:
      not matter; ``{}``, ``[]``, ``null`` and an absent field all stay distinct.
      Excluded fields (``FINGERPRINT_EXCLUDE``, dotted paths) are removed first.
      A body that is not valid JSON is hashed as raw bytes.
-   * ``multipart/form-data`` and ``application/x-www-form-urlencoded``: the parsed
-     fields, sorted, plus for each file its field name, file name, content type and
-     SHA-256 of its bytes. The multipart boundary therefore never matters.
+   * ``multipart/form-data`` and ``application/x-www-form-urlencoded``, whatever the
+     method: the parsed fields, sorted by name (repeated names keep their order), plus
+     for each file its field name, file name, content type and SHA-256 of its bytes.
+     The multipart boundary therefore never matters. The body stays readable by the
+     view (``request.body``) when it fits ``DATA_UPLOAD_MAX_MEMORY_SIZE``; forms of
+     methods other than POST must fit it (else 413).
    * anything else: the raw bytes.
+   * a body a parser consumed before the claim (DRF's CSRF check under session
+     authentication parses it): the parser's result, canonically serialised.
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
+import io
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 from urllib.parse import parse_qsl
 
 from django.conf import settings
-from django.http import HttpRequest
+from django.http import HttpRequest, QueryDict
 from django.http.request import RawPostDataException
+from django.utils.datastructures import MultiValueDict
 
 VERSION = b"fp1"
 _FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
@@ -61,22 +70,33 @@ def _drop_path(obj: Any, path: Sequence[str]) -> None:
             _drop_path(item, rest)
 
 
-def canonical_json(data: Any, exclude: Iterable[str] = ()) -> bytes:
+def canonical_json(
+    data: Any, exclude: Iterable[str] = (), *, default: Callable[[Any], Any] | None = None
+) -> bytes:
     """Canonical JSON bytes of parsed ``data``, after removing ``exclude`` paths.
 
     Args:
-        data: a parsed JSON value (dicts, lists, str, int, float, bool, None). It is
-            modified in place when ``exclude`` is not empty.
+        data: a parsed JSON value (dicts, lists, str, int, float, bool, None). Never
+            modified: exclusions apply to a copy (it may be the view's ``request.data``).
         exclude: dotted field paths such as ``"client_ts"`` or ``"meta.sent_at"``;
             ``*`` steps into every element of a list (``"items.*.nonce"``).
+        default: serialiser for values JSON does not know (see ``json.dumps``).
 
     Returns:
         UTF-8 bytes with sorted keys and no insignificant white space.
     """
-    for path in exclude:
-        _drop_path(data, path.split("."))
+    paths = [path.split(".") for path in exclude]
+    if paths:
+        data = copy.deepcopy(data)
+        for path in paths:
+            _drop_path(data, path)
     return json.dumps(
-        data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=True
+        data,
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+        allow_nan=True,
+        default=default,
     ).encode("utf-8", "surrogatepass")
 
 
@@ -88,34 +108,90 @@ def _file_digest(upload: Any) -> str:
     return digest.hexdigest()
 
 
-def _form_parts(request: HttpRequest, exclude: Iterable[str]) -> list[bytes]:
+def _by_name(pairs: Iterable[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """Pairs sorted by name only: the values of a repeated name keep their order.
+
+    Django and DRF take the *last* value of a repeated field, so ``a=1&a=2`` and
+    ``a=2&a=1`` are different requests; fields with different names commute.
+    """
+    return sorted(pairs, key=lambda pair: pair[0])
+
+
+def _upload(upload: Any) -> list[str]:
+    return [upload.name or "", upload.content_type or "", _file_digest(upload)]
+
+
+def _form_parts(post: Any, files: Any, exclude: Iterable[str]) -> list[bytes]:
     skip = set(exclude)
-    fields = sorted(
-        (name, value)
-        for name, values in request.POST.lists()
-        if name not in skip
-        for value in values
+    fields = _by_name(
+        (name, value) for name, values in post.lists() if name not in skip for value in values
     )
-    files = sorted(
-        (name, upload.name or "", upload.content_type or "", _file_digest(upload))
-        for name, uploads in request.FILES.lists()
+    uploads = _by_name(
+        (name, _upload(upload))
+        for name, items in files.lists()
         if name not in skip
-        for upload in uploads
+        for upload in items
     )
-    return [b"form", json.dumps([fields, files]).encode("ascii")]
+    return [b"form", json.dumps([fields, uploads]).encode("ascii")]
+
+
+def _parse_form(request: HttpRequest, media_type: str) -> tuple[Any, Any]:
+    """The fields and files of a form body, leaving the body readable for the view.
+
+    POST: Django's own ``request.POST`` / ``FILES``, parsed from ``request.body``
+    read first when it fits ``DATA_UPLOAD_MAX_MEMORY_SIZE`` (so a view may still read
+    ``request.body``), else streamed as Django does. Other methods: Django parses form
+    bodies of POST only, so a copy of ``request.body`` is parsed here.
+    """
+    if request.method == "POST":
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        try:
+            length = int(request.META.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            length = 0
+        if not getattr(request, "_read_started", False) and (limit is None or length <= limit):
+            request.body  # noqa: B018  (cached on the request: readable again)
+        return request.POST, request.FILES
+    body = request.body
+    if media_type == "application/x-www-form-urlencoded":
+        return QueryDict(body, encoding=request.encoding), MultiValueDict()
+    return request.parse_file_upload(request.META, io.BytesIO(body))
+
+
+def _json_default(value: Any) -> Any:
+    if hasattr(value, "chunks") and hasattr(value, "seek"):  # an uploaded file
+        return _upload(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def _parsed_parts(parsed: Any, media_type: str, exclude: Iterable[str]) -> list[bytes]:
+    """Parts for a body a parser (DRF) consumed before the fingerprint was taken."""
+    if hasattr(parsed, "lists"):  # QueryDict / MultiValueDict: fields, maybe files
+        post: MultiValueDict[str, Any] = MultiValueDict()
+        files: MultiValueDict[str, Any] = MultiValueDict()
+        for name, values in parsed.lists():
+            for value in values:
+                target = files if hasattr(value, "chunks") else post
+                target.appendlist(name, value)
+        if media_type in _FORM_TYPES:
+            return _form_parts(post, files, exclude)
+        return [b"parsed-form", _form_parts(post, files, exclude)[1]]
+    if is_json(media_type):
+        return [b"json", canonical_json(parsed, exclude)]
+    return [b"parsed", canonical_json(parsed, exclude, default=_json_default)]
 
 
 def _body_parts(request: HttpRequest, parsed: Any, exclude: Iterable[str]) -> list[bytes]:
     media_type = _media_type(request)
-    if media_type in _FORM_TYPES:
-        return _form_parts(request, exclude)
     try:
+        if media_type in _FORM_TYPES:
+            return _form_parts(*_parse_form(request, media_type), exclude)
         body = request.body
     except RawPostDataException:
         # The stream was consumed by a parser (DRF) before we ran: use its result.
-        if is_json(media_type) and parsed is not None:
-            return [b"json", canonical_json(parsed, exclude)]
-        raise
+        if parsed is None:
+            raise
+        return _parsed_parts(parsed, media_type, exclude)
     if is_json(media_type) and body:
         try:
             # Decoded with the declared charset, as DRF's JSONParser does: the same
@@ -155,7 +231,7 @@ def compute(
     """
     # Percent-escapes decoded as latin-1, one character per byte: two query strings
     # differ here whenever their bytes differ, whatever charset the view decodes with.
-    query = sorted(
+    query = _by_name(
         parse_qsl(request.META.get("QUERY_STRING", ""), keep_blank_values=True, encoding="latin-1")
     )
     header_values = sorted((name.lower(), request.headers.get(name, "")) for name in headers)

@@ -21,10 +21,9 @@ class InvalidKey(ValueError):
     """The header is present but unusable; ``str(exc)`` is the client-facing detail."""
 
 
-def _check_chars(value: str, *, allow_space: bool) -> None:
-    low = 0x20 if allow_space else 0x21
+def _check_chars(value: str) -> None:
     for char in value:
-        if not low <= ord(char) <= 0x7E:
+        if not 0x20 <= ord(char) <= 0x7E:
             raise InvalidKey(
                 f"The Idempotency-Key must be printable ASCII; it contains the character {char!r}."
             )
@@ -63,14 +62,14 @@ def parse_key(raw: str | None, *, max_length: int) -> str | None:
         if not isinstance(item.value, str):
             raise InvalidKey("The Idempotency-Key must be a string.")
         key = item.value
-        _check_chars(key, allow_space=True)
+        _check_chars(key)
     else:
         if "," in value:
             raise InvalidKey(
                 "The Idempotency-Key header appears more than once or contains a comma; "
                 "send exactly one key."
             )
-        _check_chars(value, allow_space=False)
+        _check_chars(value)  # printable ASCII, inner spaces included (SPEC §2)
         key = value
     if not key:
         raise InvalidKey("The Idempotency-Key is empty; send 1 or more characters.")

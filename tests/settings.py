@@ -3,6 +3,10 @@ unset means SQLite; ``postgres://postgres@127.0.0.1:5432/postgres`` runs on Post
 
 from __future__ import annotations
 
+import hashlib
+import tempfile
+from pathlib import Path
+
 import environ
 
 env = environ.Env()
@@ -18,9 +22,10 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 DATABASES = {"default": env.db("DATABASE_URL", default="sqlite:///:memory:")}
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     # A file, not :memory:, so that threads in concurrency tests share one database.
-    DATABASES["default"]["TEST"] = {
-        "NAME": env("SQLITE_TEST_PATH", default="/tmp/django_idempotency_test.sqlite3")
-    }
+    # One file per checkout, so two checkouts can run their suites at once.
+    _checkout = hashlib.sha256(str(Path(__file__).resolve().parent).encode()).hexdigest()[:12]
+    _default_path = Path(tempfile.gettempdir()) / f"django_idempotency_test_{_checkout}.sqlite3"
+    DATABASES["default"]["TEST"] = {"NAME": env("SQLITE_TEST_PATH", default=str(_default_path))}
     DATABASES["default"]["OPTIONS"] = {"timeout": 30}
 
 INSTALLED_APPS = [

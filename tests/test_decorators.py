@@ -119,3 +119,46 @@ def test_dotted_path_options(api):
     view = idempotent(principal="django_idempotency.principals.user_principal")(lambda r: r)
     options = view._idempotency_options
     assert options.get_principal() is user_principal
+
+
+def test_mixin_options_are_validated_when_the_class_is_defined():
+    from rest_framework import viewsets
+
+    from django_idempotency import IdempotentMixin
+
+    with pytest.raises(TypeError, match="retension"):
+
+        class Misspelt(IdempotentMixin, viewsets.ViewSet):
+            idempotent_actions = {"create": {"retension": 60}}
+
+    with pytest.raises(TypeError, match="Unknown idempotency option"):
+
+        class BadDefaults(IdempotentMixin, viewsets.ViewSet):
+            idempotency_options = {"leese": 5}
+
+
+def test_e008_unknown_mixin_action(settings):
+    from django.urls import clear_url_caches, path
+    from rest_framework import mixins, viewsets
+
+    from django_idempotency import IdempotentMixin
+    from django_idempotency.checks_views import check_mixin_actions
+
+    class Typo(IdempotentMixin, mixins.CreateModelMixin, viewsets.GenericViewSet):
+        idempotent_actions = ["craete"]
+
+    module = type("urls", (), {})()
+    module.urlpatterns = [path("typo", Typo.as_view({"post": "create"}))]
+    settings.ROOT_URLCONF = module
+    clear_url_caches()
+    try:
+        (error,) = check_mixin_actions()
+    finally:
+        clear_url_caches()
+    assert error.id == "django_idempotency.E008" and "'craete'" in error.msg
+
+
+def test_no_e008_for_the_test_urls():
+    from django_idempotency.checks_views import check_mixin_actions
+
+    assert check_mixin_actions() == []

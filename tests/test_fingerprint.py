@@ -109,3 +109,53 @@ def test_fingerprint_is_stable_across_releases():
     assert fp_json({"cpu": 16}) == (
         "56b3a4f865095a4e67c508f3759a393ddb6d0aa47624a97fe283bb23bb3d36fe"
     )
+
+
+def test_form_bodies_of_every_method_are_fingerprinted():
+    for method in ("put", "patch", "delete"):
+        a = getattr(rf, method)("/w", data="name=alpha", content_type=URLENCODED)
+        b = getattr(rf, method)("/w", data="name=bravo", content_type=URLENCODED)
+        assert compute(a) != compute(b), method
+        c = getattr(rf, method)("/w", data="name=alpha", content_type=URLENCODED)
+        assert compute(a) == compute(c)
+
+
+def test_multipart_put_is_fingerprinted_and_boundary_free():
+    def put(boundary: str, content: bytes):
+        upload = SimpleUploadedFile("fw.bin", content, content_type="application/octet-stream")
+        body = encode_multipart(boundary, {"name": "n1", "image": upload})
+        return rf.generic(
+            "PUT", "/flash", data=body, content_type=f"multipart/form-data; boundary={boundary}"
+        )
+
+    assert compute(put("b1", b"one")) == compute(put("other-b2", b"one"))
+    assert compute(put("b1", b"one")) != compute(put("b1", b"two"))
+
+
+def test_the_order_of_repeated_fields_matters_but_names_commute():
+    def form(body: str):
+        return compute(rf.post("/w", data=body, content_type=URLENCODED))
+
+    assert form("image=ubuntu&image=debian") != form("image=debian&image=ubuntu")
+    assert form("a=1&b=2") == form("b=2&a=1")
+    q = lambda qs: compute(rf.post(f"/w?{qs}", data=b"", content_type="text/plain"))  # noqa: E731
+    assert q("sort=name&sort=-created") != q("sort=-created&sort=name")
+    assert q("a=1&b=2") == q("b=2&a=1")
+
+
+def test_the_view_can_still_read_the_body_of_a_form_post():
+    upload = SimpleUploadedFile("fw.bin", b"bytes", content_type="application/octet-stream")
+    body = encode_multipart("bnd", {"name": "n1", "image": upload})
+    request = rf.generic("POST", "/f", data=body, content_type="multipart/form-data; boundary=bnd")
+    compute(request)
+    assert request.body == body
+    assert request.POST["name"] == "n1" and request.FILES["image"].read() == b"bytes"
+
+
+def test_exclusions_never_modify_the_parsed_data():
+    data = {"a": 1, "client_ts": 2, "meta": {"sent_at": 3}}
+    canonical_json(data, ["client_ts", "meta.sent_at"])
+    assert data == {"a": 1, "client_ts": 2, "meta": {"sent_at": 3}}
+
+
+URLENCODED = "application/x-www-form-urlencoded"

@@ -15,7 +15,8 @@ from django.db import connection, transaction
 from django.test import override_settings
 
 from django_idempotency import retention, store, testing
-from django_idempotency.checks import check_settings, check_view_retention
+from django_idempotency.checks import check_settings
+from django_idempotency.checks_views import check_view_retention
 from django_idempotency.models import IdempotencyRecord, OutboxMessage, OutboxState
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -1,0 +1,173 @@
+"""System checks that walk the URLconf: idempotent views (W001, W002, E008).
+
+Each check is documented in ``docs/checks.md`` with its fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container, Iterator, Sequence
+from typing import Any
+
+from django.apps import AppConfig
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.urls import URLPattern, URLResolver, get_resolver
+
+from .conf import conf
+from .decorators import DECORATED
+
+
+def _view_options(callback: Any) -> Iterator[tuple[Any, Any]]:
+    """(object, Options or options dict) of every idempotent handler behind a URL."""
+    if hasattr(callback, "_idempotency_options"):
+        yield callback, callback._idempotency_options
+    view_class = getattr(callback, "view_class", None) or getattr(callback, "cls", None)
+    if view_class is None:
+        return
+    for name in dir(view_class):
+        handler: Any = getattr(view_class, name, None)
+        if hasattr(handler, "_idempotency_options"):
+            yield view_class, handler._idempotency_options
+        # @idempotent below @api_view: DRF's handler closes over the decorated function.
+        for cell in getattr(handler, "__closure__", None) or ():
+            try:
+                inner = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            if callable(inner) and hasattr(inner, "_idempotency_options"):
+                yield view_class, inner._idempotency_options
+    base = getattr(view_class, "idempotency_options", None)
+    if isinstance(base, dict):
+        yield view_class, base
+    actions = getattr(view_class, "idempotent_actions", None)
+    if isinstance(actions, dict):
+        for options in actions.values():
+            yield view_class, options
+
+
+@register(Tags.urls)
+def check_view_retention(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """W002: a view keeps responses longer than ``MAX_RETENTION``, the sweeper's window."""
+    try:
+        limit = conf.max_retention
+    except (TypeError, ValueError):
+        return []  # reported by E006
+    warnings: list[CheckMessage] = []
+    seen: set[tuple[int, float]] = set()
+    for pattern in _patterns(get_resolver().url_patterns):
+        for obj, options in _view_options(pattern.callback):
+            value = options.get("retention") if isinstance(options, dict) else options.retention
+            try:
+                seconds = float(value) if value is not None else None
+            except (TypeError, ValueError):
+                continue
+            if seconds is None or seconds <= limit or (id(obj), seconds) in seen:
+                continue
+            seen.add((id(obj), seconds))
+            warnings.append(
+                Warning(
+                    f"{obj.__module__}.{obj.__name__} declares a retention of "
+                    f"{seconds:g} s, longer than IDEMPOTENCY['MAX_RETENTION'] "
+                    f"({limit:g} s): the sweeper will forget its keys earlier.",
+                    hint="Raise MAX_RETENTION to the longest retention of any view.",
+                    obj=obj,
+                    id="django_idempotency.W002",
+                )
+            )
+    return warnings
+
+
+def _patterns(patterns: list[Any]) -> Iterator[URLPattern]:
+    for pattern in patterns:
+        if isinstance(pattern, URLResolver):
+            yield from _patterns(pattern.url_patterns)
+        elif isinstance(pattern, URLPattern):
+            yield pattern
+
+
+@register(Tags.urls)
+def check_atomic_requests(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """W001: ``ATOMIC_REQUESTS`` with class views whose methods are ``@idempotent``.
+
+    Django opens the request's transaction before the view class runs, so the claim
+    cannot commit on its own. It then joins that transaction: still correct, but a
+    duplicate waits for the original to finish instead of getting a fast 409.
+    """
+    atomic_aliases = {
+        alias for alias, db in settings.DATABASES.items() if db.get("ATOMIC_REQUESTS")
+    }
+    if not atomic_aliases:
+        return []
+    warnings: list[CheckMessage] = []
+    seen: set[int] = set()
+    for pattern in _patterns(get_resolver().url_patterns):
+        callback = pattern.callback
+        view_class = getattr(callback, "view_class", None) or getattr(callback, "cls", None)
+        if view_class is None or id(callback) in seen:
+            continue
+        seen.add(id(callback))
+        decorated = [
+            name
+            for name in dir(view_class)
+            if hasattr(getattr(view_class, name, None), "_idempotency_options")
+        ]
+        if (view_class.__module__, view_class.__name__) in DECORATED:
+            decorated.append(view_class.__name__)  # @idempotent below @api_view
+        exempt: Container[str] = getattr(callback, "_non_atomic_requests", set())
+        if decorated and not all(alias in exempt for alias in atomic_aliases):
+            warnings.append(
+                Warning(
+                    f"{view_class.__qualname__} has @idempotent methods "
+                    f"({', '.join(decorated)}) but runs inside ATOMIC_REQUESTS, so its "
+                    "claims cannot commit on their own: duplicates will wait for the "
+                    "original instead of getting a 409.",
+                    hint="For an APIView, add IdempotentMixin to the class (it exempts "
+                    "the view and opens the transaction itself) or decorate its dispatch "
+                    "with @method_decorator(transaction.non_atomic_requests, "
+                    "name='dispatch'). For an @api_view function, put @idempotent "
+                    "above @api_view.",
+                    obj=view_class,
+                    id="django_idempotency.W001",
+                )
+            )
+    return warnings
+
+
+@register(Tags.urls)
+def check_mixin_actions(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """E008: ``idempotent_actions`` names an action the routed view does not have.
+
+    A misspelt action (``"craete"``), or a ViewSet action name on an APIView (whose
+    actions are its method names, ``"post"``), would leave the real action silently
+    unprotected.
+    """
+    errors: list[CheckMessage] = []
+    seen: set[type] = set()
+    for pattern in _patterns(get_resolver().url_patterns):
+        callback = pattern.callback
+        view_class = getattr(callback, "view_class", None) or getattr(callback, "cls", None)
+        actions = getattr(view_class, "idempotent_actions", None)
+        if view_class is None or actions is None or view_class in seen:
+            continue
+        seen.add(view_class)
+        missing = sorted(name for name in actions if not callable(getattr(view_class, name, None)))
+        if missing:
+            errors.append(
+                Error(
+                    f"{view_class.__qualname__}.idempotent_actions names "
+                    f"{', '.join(repr(n) for n in missing)}, which the view does not have: "
+                    "those actions are not protected.",
+                    hint="Use the ViewSet's action names (create, update, partial_update, "
+                    "destroy, or an @action's name) or, on an APIView, its method names "
+                    "(post, put, patch, delete).",
+                    obj=view_class,
+                    id="django_idempotency.E008",
+                )
+            )
+    return errors
