@@ -6,7 +6,11 @@ file next to ``manage.py``), read with django-environ:
 * ``DATABASE_URL``: default SQLite at ``example_project/var/leasebroker.sqlite3``;
   e.g. ``postgres://postgres@127.0.0.1:5432/leasebroker`` for PostgreSQL.
 * ``SECRET_KEY``, ``DEBUG`` (default on: this is a demo), ``ALLOWED_HOSTS``.
-* ``CELERY_BROKER_URL``: read but unused for now (default: empty).
+* ``CELERY_BROKER_URL``: the broker of the Celery worker that relays the outbox and
+  sweeps old records (``leasebroker/celery.py``). Default ``filesystem://``: kombu's
+  filesystem transport in ``LEASEBROKER_BROKER_DIR`` (default ``var/broker``), so
+  worker and beat run with no broker server; ``redis://127.0.0.1:6379/0`` or
+  ``amqp://guest:guest@127.0.0.1:5672//`` for a real one.
 * ``LEASEBROKER_REBOOT_SECONDS``: how long the fake hypervisor takes to reboot.
 * ``LEASEBROKER_BOOT_SECONDS``: how long it takes to boot a new worker (default 0).
 * ``LEASEBROKER_IDEMPOTENCY_LEASE``: the idempotency lease in seconds (default 60);
@@ -48,7 +52,28 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     # Concurrent requests queue on SQLite's single write lock; wait for it, not fail.
     DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
 
-CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="")
+CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="filesystem://")
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    BROKER_DIR = Path(env("LEASEBROKER_BROKER_DIR", default=str(VAR_DIR / "broker")))
+    (BROKER_DIR / "processed").mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(BROKER_DIR),
+        "data_folder_out": str(BROKER_DIR),
+        "processed_folder": str(BROKER_DIR / "processed"),
+        "store_processed": False,
+    }
+CELERY_TASK_IGNORE_RESULT = True
+# The fake billing webhook of workers/notifications.py writes here.
+LEASEBROKER_NOTIFICATIONS = env(
+    "LEASEBROKER_NOTIFICATIONS", default=str(VAR_DIR / "notifications.jsonl")
+)
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULE = {
+    # Deliver due outbox messages (the on-commit kick usually got there first).
+    "relay-outbox": {"task": "django_idempotency.relay_outbox", "schedule": 10.0},
+    # Drop expired idempotency records and sent outbox messages (docs/retention.md).
+    "sweep": {"task": "django_idempotency.sweep", "schedule": 3600.0},
+}
 
 INSTALLED_APPS = [
     "django.contrib.admin",

@@ -8,3 +8,8 @@ class WorkersConfig(AppConfig):
 
     name = "workers"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from . import notifications  # registers the outbox handler
+
+        del notifications

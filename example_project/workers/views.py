@@ -22,9 +22,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.serializers import BaseSerializer
 
-from django_idempotency import IdempotentMixin, idempotent
+from django_idempotency import IdempotentMixin, idempotent, outbox
 
-from . import hypervisor
+from . import hypervisor, notifications
 from .models import Lease, Worker, WorkerState
 from .serializers import WorkerSerializer
 
@@ -102,6 +102,8 @@ class WorkerViewSet(
         vm = hypervisor.client().boot(worker.id, boot_id=boot_id)  # outside our database
         worker.vm_id, worker.state = vm.vm_id, WorkerState.RUNNING
         worker.save(update_fields=["vm_id", "state"])
+        # Delivered after this phase commits, by the relay (workers/notifications.py).
+        outbox.enqueue(notifications.TOPIC, {"worker": worker.id, "vm_id": worker.vm_id})
 
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         response = super().create(request, *args, **kwargs)
