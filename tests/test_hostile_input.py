@@ -310,8 +310,9 @@ def test_json_reformatted_is_a_replay_and_changed_is_422(value: dict, data: st.D
 @pytest.mark.django_db
 @TENANT
 @pytest.mark.parametrize("url", ["/r/raw", "/r/echo"])
-@pytest.mark.parametrize("depth", [5_000, 100_000])
+@pytest.mark.parametrize("depth", [100_000, 1_000_000])
 def test_deeply_nested_json_is_400_not_500(alice: Any, url: str, depth: int) -> None:
+    """Deep enough for every supported Python's ``json`` (3.13 parses 5,000 levels)."""
     client, _ = tenant_client()
     if url == "/r/echo":
         client = client_for(alice)
