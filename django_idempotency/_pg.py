@@ -58,6 +58,15 @@ FROM {_T}
 WHERE principal = %(principal)s AND endpoint = %(endpoint)s AND key = %(key)s
 """
 
+#: Completion, fenced by the owner token: one precompiled statement (building an ORM
+#: UPDATE per request costs several times its CPU; docs/benchmarks.md).
+PG_COMPLETE_SQL = f"""
+UPDATE {_T} SET state = 'completed', response_status = %(status)s,
+    response_headers = %(headers)s::jsonb, response_body = %(body)s,
+    completed_at = {_NOW}, lease_until = {_NOW}
+WHERE id = %(id)s AND owner_token = %(token)s AND state = 'claimed'
+"""
+
 #: Heartbeat: extend a lease we still own.
 PG_EXTEND_SQL = f"""
 UPDATE {_T} SET lease_until = {_NOW} + %(seconds)s * interval '1 second'

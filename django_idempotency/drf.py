@@ -56,7 +56,18 @@ class IdempotentMixin:
         return mark_non_atomic(super().as_view(*args, **kwargs))  # type: ignore[misc]
 
     def idempotency_options_for(self, action: str) -> Options | None:
-        """The options protecting ``action``, or ``None`` when it is not protected."""
+        """The options protecting ``action``, or ``None`` when it is not protected.
+
+        Built once per class and action (the attributes are class-level; the settings
+        behind unset options are still read at request time by ``Options``).
+        """
+        cache: dict[str, Options | None] = type(self).__dict__.get("_idempotency_cache", {})
+        if action not in cache:
+            cache[action] = self._build_options(action)
+            type(self)._idempotency_cache = cache  # type: ignore[attr-defined]
+        return cache[action]
+
+    def _build_options(self, action: str) -> Options | None:
         base = Options.from_kwargs(**dict(self.idempotency_options))
         actions = self.idempotent_actions
         if actions is None:

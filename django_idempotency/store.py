@@ -35,7 +35,7 @@ from django.db.models import Q
 from django.db.models.expressions import RawSQL
 
 from . import clock
-from ._pg import PG_CLAIM_SQL, PG_EXTEND_SQL, PG_FETCH_SQL, pg_now
+from ._pg import PG_CLAIM_SQL, PG_COMPLETE_SQL, PG_EXTEND_SQL, PG_FETCH_SQL, pg_now
 from ._pg_partitioned import PG_PARTITIONED_CLAIM_SQL, is_partitioned
 from ._pg_partitioned import forget as forget_table_kind
 from .conf import conf
@@ -399,15 +399,30 @@ def complete(claim: Claim, response: StoredResponse) -> None:
             len(response.body),
             extra={"principal": claim.scope.principal, "endpoint": claim.scope.endpoint},
         )
-    now = _now_value(claim.using)
-    updated = _fenced(claim).update(
-        state=RecordState.COMPLETED,
-        response_status=response.status,
-        response_headers=[list(pair) for pair in response.headers],
-        response_body=body,
-        completed_at=now,
-        lease_until=now,
-    )
+    headers = [list(pair) for pair in response.headers]
+    connection = connections[claim.using]
+    if connection.vendor == "postgresql":
+        params: dict[str, Any] = {
+            "status": response.status,
+            "headers": json.dumps(headers),
+            "body": body,
+            "id": claim.record_id,
+            "token": claim.owner_token,
+            "clock_offset": clock.offset(),
+        }
+        with connection.cursor() as cursor:
+            cursor.execute(PG_COMPLETE_SQL, params)
+            updated = cursor.rowcount
+    else:
+        now = _now_value(claim.using)
+        updated = _fenced(claim).update(
+            state=RecordState.COMPLETED,
+            response_status=response.status,
+            response_headers=headers,
+            response_body=body,
+            completed_at=now,
+            lease_until=now,
+        )
     if updated != 1:
         raise LeaseLost(f"record {claim.record_id}: the lease was lost before completion")
 
