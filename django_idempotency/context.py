@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import uuid
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
+
+from django.db import transaction
 
 from . import phases as _phases
 from . import store
@@ -104,14 +108,20 @@ class IdempotencyContext:
     def next_outbox_key(self, topic: str) -> str:
         """The default dedup key of the next message enqueued on ``topic`` (docs/outbox.md).
 
-        ``derive_key("outbox:<phase>:<topic>:<n>")``, ``<phase>`` the open phase (or
-        empty) and ``n`` counting this request's messages on that topic in that phase
-        from 0: a retry that re-runs the same code derives the same keys.
+        ``derive_key('["outbox", <record id>, "<phase>", "<topic>", <n>]')``: the
+        record id (the key's generation: a key reused after its retention window gets
+        a new record, so new messages), ``<phase>`` the open phase (or empty) and ``n``
+        counting this request's messages on that topic in that phase from 0. A retry
+        that re-runs the same code derives the same keys.
         """
         slot = (self.open_phase, topic)
         n = self._outbox_counts.get(slot, 0)
         self._outbox_counts[slot] = n + 1
-        return self.derive_key(f"outbox:{self.open_phase}:{topic}:{n}")
+        # A JSON list keeps the parts apart (a ":" in a phase or topic cannot make two
+        # names equal); the record id is the key's generation: after the retention
+        # window the key is new, its record is a new row, and so are its messages.
+        name = json.dumps(["outbox", self._claim.record_id, self.open_phase, topic, n])
+        return self.derive_key(name)
 
     @contextmanager
     def activated(self) -> Iterator[IdempotencyContext]:
@@ -121,3 +131,49 @@ class IdempotencyContext:
             yield self
         finally:
             _current.reset(token)
+
+
+class UnprotectedContext:
+    """``request.idempotency`` of a phased view that runs without a key (key optional).
+
+    Nothing is recorded and nothing protects the request, exactly as without the app;
+    the same view code still runs: every phase is pending and runs in its own
+    transaction, and derived keys are random for this request.
+    """
+
+    key = None
+    principal = None
+    endpoint = None
+    taken_over = False
+    recovery_point = ""
+
+    def __init__(self, phases: tuple[str, ...]) -> None:
+        self.phases = phases
+        self.open_phase = ""
+        self._derived: dict[str, str] = {}
+
+    def pending(self, name: str) -> bool:
+        """Always ``True``: no earlier attempt can have finished a phase."""
+        return True
+
+    def done(self, name: str) -> bool:
+        """Always ``False``."""
+        return False
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Run the block in its own transaction, like a phase, recording nothing."""
+        self.open_phase = name
+        try:
+            with transaction.atomic(using=store.database_for_write()):
+                yield
+        finally:
+            self.open_phase = ""
+
+    def derive_key(self, name: str) -> str:
+        """A random key per ``name``, stable within this request only."""
+        return self._derived.setdefault(name, f"idk_{uuid.uuid4().hex}")
+
+    def extend_lease(self, seconds: float | None = None) -> bool:
+        """Nothing to extend; ``True``."""
+        return True

@@ -17,7 +17,7 @@ from django.http.response import HttpResponseBase
 
 from . import phases, problems, signals, store
 from .conf import conf
-from .context import IdempotencyContext
+from .context import IdempotencyContext, UnprotectedContext
 from .logging import key_hash
 from .options import Options
 from .protocol import Proceed
@@ -26,7 +26,7 @@ from .responses import rebuild_consumed, snapshot
 logger = logging.getLogger("django_idempotency")
 
 
-def attach(request: Any, context: IdempotencyContext | None) -> None:
+def attach(request: Any, context: IdempotencyContext | UnprotectedContext | None) -> None:
     """Set ``request.idempotency`` (on a DRF request, on its Django request too)."""
     request.idempotency = context
     http = getattr(request, "_request", None)

@@ -16,6 +16,7 @@ from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 
 from . import execution, protocol
+from .context import UnprotectedContext
 from .options import Options
 
 
@@ -97,7 +98,8 @@ def run(
     if isinstance(decision, protocol.Respond):
         return decision.response
     if isinstance(decision, protocol.Bypass):
-        execution.attach(request, None)
+        # A phased view without a key (key optional) runs its phases unprotected.
+        execution.attach(request, UnprotectedContext(options.phases) if options.phases else None)
         with atomic_requests_blocks():
             return call()
     # Other databases with ATOMIC_REQUESTS keep their per-request transaction; the

@@ -131,9 +131,9 @@ def enqueue(
             UUIDs and decimals become strings).
         dedup_key: passed to the handler for downstream deduplication; 1 to 255
             characters. Default inside an idempotent view: derived from the request's
-            key, the open phase, the topic and the message's position, i.e.
-            ``request.idempotency.derive_key("outbox:<phase>:<topic>:<n>")``, so a
-            retry of the same code derives the same keys. Elsewhere: a random UUID
+            key and record (its generation), the open phase, the topic and the
+            message's position (``IdempotencyContext.next_outbox_key``), so a retry of
+            the same code derives the same keys. Elsewhere: a random UUID
             (32 hex characters).
         using: database alias; default: the router's choice for ``OutboxMessage``.
         available_at: not delivered before this aware datetime (default: now).

@@ -122,9 +122,11 @@ def deliver_batch(
 
     Messages are handled in ``(available_at, id)`` order within the batch. No order
     holds across batches, relays or retries (a failed message is retried later, after
-    newer ones). Once half the lease has gone, the relay stops starting handlers and
-    hands the rest of the batch back (due at once), so a long batch never outlives
-    its lease.
+    newer ones). Each delivered message is marked sent as soon as its handler returns.
+    Once half the lease has gone, the relay stops starting handlers and hands the rest
+    of the batch back (due at once), so a long batch never outlives its lease. Due
+    messages whose last allowed attempt never reported back (the relay died, or the
+    handler outlived the lease) are dead-lettered first.
 
     Args:
         batch_size: most messages claimed (default ``OUTBOX_BATCH_SIZE``).
@@ -145,19 +147,18 @@ def deliver_batch(
     if limit < 1:
         raise ValueError(f"batch_size must be at least 1, not {limit}")
     started = time.monotonic()
+    _bury_abandoned(using)
     claimed = _claim(using, limit, lease)
-    sent: list[_Claimed] = []
     handled = 0
-    try:
-        for item in claimed:
-            if time.monotonic() - started > lease / 2:
-                _hand_back(using, [c.message for c in claimed[handled:]])
-                break
-            if _deliver(using, item):
-                sent.append(item)
-            handled += 1
-    finally:  # even when interrupted: what was delivered is marked sent
-        _mark_sent(using, sent)
+    for item in claimed:
+        if time.monotonic() - started > lease / 2:
+            _hand_back(using, [c.message for c in claimed[handled:]])
+            break
+        if _deliver(using, item):
+            # Marked at once, not at the end of the batch: a later handler that
+            # outlives the lease must not make this one claimable (and delivered) again.
+            _mark_sent(using, [item])
+        handled += 1
     return handled
 
 
@@ -295,6 +296,42 @@ def _mark_sent(using: str, sent: list[_Claimed]) -> None:
                 attempts=item.message.attempts,
                 lag=item.age,
             )
+
+
+def _bury_abandoned(using: str) -> int:
+    """Dead-letter due messages that used up their attempts without a verdict.
+
+    ``attempts`` counts deliveries started. A message that is due again after its last
+    allowed attempt was claimed never reported back: the relay was killed (a poison
+    message that crashes it, a hard time limit) or its handler outlived the lease. It
+    would otherwise be retried forever.
+    """
+    buried = list(
+        OutboxMessage.objects.using(using)
+        .filter(
+            state=OutboxState.PENDING,
+            available_at__lte=now(using),
+            attempts__gte=conf.outbox_max_attempts,
+        )
+        .values_list("pk", "topic", "attempts")[:1000]
+    )
+    for pk, topic, attempts in buried:
+        updated = (
+            OutboxMessage.objects.using(using)
+            .filter(pk=pk, state=OutboxState.PENDING, attempts=attempts)
+            .update(
+                state=OutboxState.DEAD,
+                last_error=(
+                    f"attempt {attempts} never reported back: the relay died or the "
+                    "handler outlived the relay lease"
+                ),
+                available_at=now(using),
+            )
+        )
+        if updated:
+            logger.error("outbox message %s (%s) dead: attempts used up", pk, topic)
+            dead_lettered.send(topic, message_id=pk, attempts=attempts, error=None)
+    return len(buried)
 
 
 def _fail(using: str, message: OutboxMessage, exc: Exception) -> None:

@@ -45,6 +45,9 @@ Headers = list[tuple[str, str]]
 
 logger = logging.getLogger("django_idempotency")
 
+#: SQLSTATE of "no partition of relation ... found for row" (check_violation).
+_NO_PARTITION = "23514"
+
 #: Attempts at "claim, or settle on the row we collided with" before answering 409.
 _MAX_ROUNDS = 5
 
@@ -254,8 +257,7 @@ def _claim(
         if existing is None:  # released between the insert and the read: again
             continue
         if existing.expired and (existing.completed or existing.lease_remaining <= 0):
-            if _reuse_expired(using, existing, fingerprint, token, lease, retention):
-                return Claim(scope, existing.record_id, token, False, "", using)
+            _forget_expired(using, existing)
             continue
         if (
             not existing.completed
@@ -294,6 +296,12 @@ def _insert(
                 cursor.execute(sql, params)
                 row = cursor.fetchone()
                 columns = [col.name for col in cursor.description] if row else []
+        except IntegrityError as exc:
+            if getattr(exc.__cause__, "sqlstate", None) == _NO_PARTITION:
+                # Today's partition was attached by a concurrent claim after this
+                # statement planned its insert: the next round sees it.
+                return None, None
+            raise
         except DatabaseError:
             forget_table_kind()  # perhaps a migration changed the table under us
             raise
@@ -319,42 +327,22 @@ def _insert(
     return Claim(scope, record.pk, token, False, "", using), None
 
 
-def _reuse_expired(
-    using: str,
-    existing: Existing,
-    fingerprint: str,
-    token: uuid.UUID,
-    lease: float,
-    retention: float,
-) -> bool:
-    """Turn a record past its retention window into a fresh claim (a new key)."""
+def _forget_expired(using: str, existing: Existing) -> None:
+    """Delete a record past its retention window, so the key can be claimed anew.
+
+    The next round inserts a fresh row (a new id: the record's generation, part of
+    the outbox's default dedup keys). Conditional on the row being unchanged since it
+    was read, and still past its window, so a concurrent contender's fresh claim is
+    never deleted. On the partitioned table the claim function does this itself.
+    """
     if is_partitioned(connections[using]):
-        # Never rewrite created_at, the partition key: the claim function replaces
-        # the row by a new one in today's partition on the caller's next round.
-        return False
-    updated = (
-        IdempotencyRecord.objects.using(using)
-        .filter(
-            Q(state=RecordState.COMPLETED) | Q(lease_until__lte=_now_value(using)),
-            pk=existing.record_id,
-            owner_token=existing.owner_token,  # type: ignore[misc]  # set on every row read
-            expires_at__lte=_now_value(using),
-        )
-        .update(
-            fingerprint=fingerprint,
-            state=RecordState.CLAIMED,
-            owner_token=token,
-            lease_until=_now_value(using, lease),
-            recovery_point="",
-            response_status=None,
-            response_headers=[],
-            response_body=None,
-            created_at=_now_value(using),
-            completed_at=None,
-            expires_at=_now_value(using, retention),
-        )
-    )
-    return updated == 1
+        return
+    IdempotencyRecord.objects.using(using).filter(
+        Q(state=RecordState.COMPLETED) | Q(lease_until__lte=_now_value(using)),
+        pk=existing.record_id,
+        owner_token=existing.owner_token,  # type: ignore[misc]  # set on every row read
+        expires_at__lte=_now_value(using),
+    )._raw_delete(using)
 
 
 def _take_over(using: str, existing: Existing, token: uuid.UUID, lease: float) -> bool:
@@ -453,10 +441,15 @@ def decode_body(stored: bytes | memoryview) -> bytes:
 
 
 def release(claim: Claim) -> bool:
-    """Delete the claim if this request still owns it. Returns whether a row went."""
+    """Delete the claim if this request still owns it and no phase of it committed.
+
+    Returns whether a row went. A record with a recovery point is never deleted: one
+    of its phases committed (even if this request never heard the COMMIT succeed), so
+    its lease runs out instead and a retry resumes after that phase.
+    """
     # One fenced DELETE. ``.delete()`` would collect the rows first (outbox messages
     # point here with SET_NULL) and then delete by primary key alone, unfenced.
-    return bool(_fenced(claim)._raw_delete(claim.using))
+    return bool(_fenced(claim).filter(recovery_point="")._raw_delete(claim.using))
 
 
 def advance(claim: Claim, recovery_point: str) -> None:

@@ -104,8 +104,12 @@ def test_view_messages_link_the_record_and_derive_their_keys(api, alice, key):
     assert [m.record_id for m in messages] == [rec.pk, rec.pk]
     principal = f"auth.user:{alice.user.pk}"
     assert [m.dedup_key for m in messages] == [
-        derive_key(principal, "POST /notify", key, "outbox::widget.created:0"),
-        derive_key(principal, "POST /notify", key, "outbox::widget.created:1"),
+        derive_key(
+            principal, "POST /notify", key, f'["outbox", {rec.pk}, "", "widget.created", 0]'
+        ),
+        derive_key(
+            principal, "POST /notify", key, f'["outbox", {rec.pk}, "", "widget.created", 1]'
+        ),
     ]
     assert response.json()["keys"] == [m.dedup_key for m in messages]
 
@@ -147,8 +151,9 @@ def test_phase_messages_commit_with_their_phase(api, alice, key):
     api.raise_request_exception = False
     api.post("/provision", {"cpus": 2}, format="json", HTTP_IDEMPOTENCY_KEY=key)
     (message,) = OutboxMessage.objects.all()
+    name = f'["outbox", {message.record_id}, "allocated", "worker.created", 0]'
     assert message.dedup_key == derive_key(
-        f"auth.user:{alice.user.pk}", "POST /provision", key, "outbox:allocated:worker.created:0"
+        f"auth.user:{alice.user.pk}", "POST /provision", key, name
     )
     api.post("/provision", {"cpus": 2}, format="json", HTTP_IDEMPOTENCY_KEY=key)
     assert OutboxMessage.objects.count() == 1

@@ -13,6 +13,8 @@ file next to ``manage.py``), read with django-environ:
   ``amqp://guest:guest@127.0.0.1:5672//`` for a real one.
 * ``LEASEBROKER_REBOOT_SECONDS``: how long the fake hypervisor takes to reboot.
 * ``LEASEBROKER_BOOT_SECONDS``: how long it takes to boot a new worker (default 0).
+* ``LEASEBROKER_CREATE_PHASES``: ``POST /v1/workers`` as three atomic phases
+  (default on) or one transaction (the HTTP benchmarks turn it off).
 * ``LEASEBROKER_IDEMPOTENCY_LEASE``: the idempotency lease in seconds (default 60);
   the retry-storm demo shortens it to show a crashed request's key taken over.
 * ``LEASEBROKER_IDEMPOTENCY_REQUIRED``: default on; off lets the benchmarks send
@@ -156,6 +158,8 @@ IDEMPOTENCY = {
 LEASEBROKER_REBOOT_SECONDS = env.float("LEASEBROKER_REBOOT_SECONDS", default=1.0)
 # Seconds one boot of a new worker takes (0: instant).
 LEASEBROKER_BOOT_SECONDS = env.float("LEASEBROKER_BOOT_SECONDS", default=0.0)
+# POST /v1/workers as three atomic phases (default), or as one transaction.
+LEASEBROKER_CREATE_PHASES = env.bool("LEASEBROKER_CREATE_PHASES", default=True)
 # The fake hypervisor's own state (workers/hypervisor.py): a SQLite file apart from the
 # API's database, as a real hypervisor's state is.
 LEASEBROKER_HYPERVISOR_DB = env(

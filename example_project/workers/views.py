@@ -50,7 +50,12 @@ class WorkerViewSet(
     serializer_class = WorkerSerializer
     lookup_value_converter = "str"
     idempotent_actions = {
-        "create": {"retention": PROVISIONING_RETENTION, "phases": CREATE_PHASES},
+        # LEASEBROKER_CREATE_PHASES=false makes the create one transaction (the
+        # benchmarks compare the bare protocol against the unprotected view with it).
+        "create": {
+            "retention": PROVISIONING_RETENTION,
+            **({"phases": CREATE_PHASES} if settings.LEASEBROKER_CREATE_PHASES else {}),
+        },
         "destroy": {},
         "reboot": {},
     }
@@ -69,12 +74,14 @@ class WorkerViewSet(
         """
         idem = getattr(self.request, "idempotency", None)
         data: dict[str, Any] = dict(serializer.validated_data)
-        if idem is None:  # no key and REQUIRED off: unprotected, one transaction
-            ref = uuid.uuid4().hex
+        if idem is None or not idem.phases:
+            # No key and REQUIRED off (unprotected), or phases switched off: one
+            # transaction (inside the protocol's own block when a key was sent).
+            ref = idem.derive_key("worker") if idem else uuid.uuid4().hex
             with transaction.atomic():
                 self._allocate(ref, data)
                 self._lease(ref)
-                self._boot(ref, boot_id=ref)
+                self._boot(ref, boot_id=idem.derive_key("boot") if idem else ref)
         else:
             ref = idem.derive_key("worker")
             if idem.pending("allocated"):

@@ -23,5 +23,7 @@ urlpatterns = [
     path("anonymous", views.anonymous_allowed),
     path("provision", views.provision),
     path("notify", views.notify),
+    path("ship", views.ship),
+    path("phased-optional", views.phased_optional),
     *router.urls,
 ]

@@ -254,3 +254,25 @@ def anonymous_allowed(request):
     """DRF lets anonymous callers in; the app still refuses keyed anonymous requests."""
     Widget.objects.create(name="anonymous")
     return Response({"ok": True}, status=201)
+
+
+@idempotent(retention=60)
+@api_view(["POST"])
+def ship(request):
+    """Enqueues one outbox message per execution (retention 60 s)."""
+    outbox.enqueue("tests.ship", {"what": request.data.get("what")})
+    return Response({"ok": True}, status=201)
+
+
+@idempotent(phases=["a", "b"], required=False)
+@api_view(["POST"])
+def phased_optional(request):
+    """A phased view whose key is optional: without one, its phases run unprotected."""
+    idem = request.idempotency
+    if idem.pending("a"):
+        with idem.phase("a"):
+            Widget.objects.create(name="phase-a")
+    if idem.pending("b"):
+        with idem.phase("b"):
+            Widget.objects.create(name=idem.derive_key("b")[:20])
+    return Response({"ok": True}, status=201)
