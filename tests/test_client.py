@@ -21,7 +21,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -520,7 +519,7 @@ REBOOT_SECONDS = 1.5
 
 
 class ExampleServer:
-    """leasebroker (runserver, threaded) on a fresh SQLite file, as a subprocess."""
+    """leasebroker (gunicorn, threaded) on a fresh SQLite file, as a subprocess."""
 
     def __init__(self, tmp: Path) -> None:
         self.database_url = sqlite_url(tmp)
@@ -528,6 +527,7 @@ class ExampleServer:
         self.url = ""
         self.process: subprocess.Popen[bytes] | None = None
         self.log = tmp / "server.log"
+        self.listener: socket.socket | None = None
 
     def start(self) -> None:
         for command in (
@@ -536,9 +536,12 @@ class ExampleServer:
         ):
             code, output = run_in_example(command, self.database_url)
             assert code == 0, output
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
+        # The test binds and listens, then hands the socket to gunicorn: requests sent
+        # before gunicorn accepts wait in the backlog, so nothing polls for readiness.
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(64)
+        port = self.listener.getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
         env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
         env.update(
@@ -547,25 +550,24 @@ class ExampleServer:
             LEASEBROKER_REBOOT_SECONDS=str(REBOOT_SECONDS),
             DEBUG="false",
         )
+        fd = self.listener.fileno()
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "manage.py", "runserver", "--noreload", f"127.0.0.1:{port}"],
+                [
+                    sys.executable, "-m", "gunicorn", "leasebroker.wsgi",
+                    "--bind", f"fd://{fd}", "--workers", "1", "--threads", "8",
+                ],
                 cwd=EXAMPLE,
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-            )
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            assert self.process.poll() is None, self.log.read_text()
-            try:
-                answer = httpx.get(f"{self.url}/v1/workers", headers=self.auth, timeout=2)
-                if answer.status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)  # polling a starting server, not synchronising threads
-        pytest.fail(f"the example server did not start:\n{self.log.read_text()}")
+                pass_fds=(fd,),
+            )  # fmt: skip
+        try:
+            answer = httpx.get(f"{self.url}/v1/workers", headers=self.auth, timeout=30)
+        except httpx.TransportError as exc:
+            pytest.fail(f"the example server did not answer ({exc}):\n{self.log.read_text()}")
+        assert answer.status_code == 200, self.log.read_text()
 
     @property
     def auth(self) -> dict[str, str]:
@@ -579,6 +581,8 @@ class ExampleServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout=10)
+        if self.listener is not None:
+            self.listener.close()
 
     def client(self, **kwargs: Any) -> IdempotentClient:
         kwargs.setdefault("backoff", Backoff(initial=0.05, maximum=0.5))

@@ -13,7 +13,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
 
 import pytest
@@ -64,19 +64,26 @@ def test_celery_worker_on_the_filesystem_broker_delivers_the_outbox(tmp_path: Pa
             cwd=EXAMPLE, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True, start_new_session=True,
         )  # fmt: skip
+        # Block on the worker's log until a relay run succeeds (no polling); a watchdog
+        # ends a worker that never gets there, which ends the loop too.
+        watchdog = threading.Timer(60, os.killpg, (worker.pid, signal.SIGKILL))
+        watchdog.start()
+        log_lines: list[str] = []
         try:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and not notices.exists():
-                if worker.poll() is not None:
+            assert worker.stdout is not None
+            for line in worker.stdout:
+                log_lines.append(line)
+                if "django_idempotency.relay_outbox" in line and "succeeded" in line:
                     break
-                time.sleep(0.2)  # polling an external process's output file, bounded
         finally:
+            watchdog.cancel()
             os.killpg(worker.pid, signal.SIGTERM)
             try:
-                log, _ = worker.communicate(timeout=30)
+                rest, _ = worker.communicate(timeout=30)
             except subprocess.TimeoutExpired:
                 os.killpg(worker.pid, signal.SIGKILL)
-                log, _ = worker.communicate()
+                rest, _ = worker.communicate()
+        log = "".join(log_lines) + (rest or "")
         assert notices.exists(), log
         lines = [json.loads(line) for line in notices.read_text().splitlines()]
         assert len(lines) == 1, lines
