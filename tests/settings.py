@@ -20,10 +20,14 @@ ROOT_URLCONF = "tests.urls"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 DATABASES = {"default": env.db("DATABASE_URL", default="sqlite:///:memory:")}
+# One test database per checkout, so two checkouts can run their suites at once.
+_checkout = hashlib.sha256(str(Path(__file__).resolve().parent).encode()).hexdigest()[:12]
+if DATABASES["default"]["ENGINE"].endswith("postgresql"):
+    DATABASES["default"]["TEST"] = {
+        "NAME": env("PG_TEST_NAME", default=f"test_django_idempotency_{_checkout}")
+    }
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     # A file, not :memory:, so that threads in concurrency tests share one database.
-    # One file per checkout, so two checkouts can run their suites at once.
-    _checkout = hashlib.sha256(str(Path(__file__).resolve().parent).encode()).hexdigest()[:12]
     _default_path = Path(tempfile.gettempdir()) / f"django_idempotency_test_{_checkout}.sqlite3"
     DATABASES["default"]["TEST"] = {"NAME": env("SQLITE_TEST_PATH", default=str(_default_path))}
     DATABASES["default"]["OPTIONS"] = {"timeout": 30}
