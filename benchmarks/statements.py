@@ -186,14 +186,14 @@ def run(args: argparse.Namespace) -> None:
     def pruned_complete() -> None:
         claim = next(claims)
         cursor.execute(
-            "SELECT created_at FROM django_idempotency_record WHERE id = %s",
+            "SELECT sweep_after FROM django_idempotency_record WHERE id = %s",
             [claim.record_id],  # type: ignore[union-attr]
         )
         created = cursor.fetchone()[0]  # the claim would carry it; not timed below
         started = time.perf_counter()
         with transaction.atomic():
             cursor.execute(
-                COMPLETE_SQL + " AND created_at = %s",
+                COMPLETE_SQL + " AND sweep_after = %s",
                 [
                     response.status,
                     json.dumps(response.headers),
@@ -221,13 +221,13 @@ def run(args: argparse.Namespace) -> None:
 
     measure("completion: store.complete (ORM UPDATE) in atomic()", orm_complete)
     measure("completion: one precompiled SQL UPDATE in atomic()", raw_complete)
-    measure("completion: SQL UPDATE + created_at (pruned to one partition)*", pruned_complete)
+    measure("completion: SQL UPDATE + sweep_after (pruned to one partition)*", pruned_complete)
     measure("reference: one worker INSERT in atomic()", reference_insert)
     measure("reference: atomic() around SELECT 1", empty_block)
     cursor.close()
     if pruned_times:
         print(
-            "\n* its CPU columns include a SELECT of created_at per execution, which the "
+            "\n* its CPU columns include a SELECT of sweep_after per execution, which the "
             "claim would return; the UPDATE alone: median "
             f"{statistics.median(pruned_times[-args.requests :]) * 1000:.3f} ms"
         )

@@ -51,12 +51,12 @@ LOAD = """
 INSERT INTO django_idempotency_record (
     principal, endpoint, key, fingerprint, state, owner_token, lease_until,
     recovery_point, response_status, response_headers, response_body, created_at,
-    completed_at, expires_at)
+    completed_at, expires_at, sweep_after)
 SELECT 'auth.user:' || (n %% 1000), 'POST /v1/workers', %(prefix)s || n, repeat('f', 64),
        'completed', gen_random_uuid(), t, '', 201,
        '[["Content-Type", "application/json"]]'::jsonb,
        convert_to('{"id": ' || n || ', "name": "worker-' || n || '"}', 'UTF8'),
-       t, t, t + interval '1 day'
+       t, t, t + interval '1 day', t
 FROM generate_series(1, %(rows)s) AS n,
      LATERAL (SELECT %(day)s::timestamptz + (n %% 86000) * interval '1 second') AS s(t)
 """
@@ -82,8 +82,10 @@ def use_table(partitioned: bool) -> None:
 
     with connection.cursor() as cursor:
         cursor.execute("TRUNCATE django_idempotency_record")
+    from django.test import override_settings
+
     call_command("migrate", "django_idempotency", "0002", verbosity=0)
-    if partitioned:
+    with override_settings(IDEMPOTENCY={**settings.IDEMPOTENCY, "PARTITION_RECORDS": partitioned}):
         call_command("migrate", "django_idempotency", verbosity=0)
     forget()
 
@@ -121,7 +123,7 @@ def measure(rows: int, live: int, partitioned: bool) -> dict[str, float]:
 
     use_table(partitioned)
     now = retention.store_now(connection)
-    old_day = retention.cutoff_for(now) - dt.timedelta(days=3)
+    old_day = retention.start_of_day(now) - dt.timedelta(days=10)
     if partitioned:
         partitions.ensure(connection, old_day.date())
         partitions.ensure(connection, now.date())

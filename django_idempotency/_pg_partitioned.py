@@ -1,7 +1,7 @@
-"""PostgreSQL SQL of the day-partitioned record table (SPEC §6; docs/retention.md).
+"""PostgreSQL SQL of the day-partitioned record table (docs/retention.md).
 
 A unique index on a partitioned table must contain the partition key, so the
-(principal, endpoint, key) uniqueness of SPEC §4 cannot be a unique index here. It is
+(principal, endpoint, key) uniqueness of a record cannot be a unique index here. It is
 enforced by one rule that every writer follows: hold a transaction-scoped advisory
 lock on a hash of the scope, then look the scope up (a fresh snapshot, READ
 COMMITTED), then insert. Two server-side functions apply it:
@@ -16,11 +16,13 @@ COMMITTED), then insert. Two server-side functions apply it:
   skip the second check.
 
 Partitions are named ``django_idempotency_record_pYYYYMMDD`` and hold one UTC day of
-``created_at``. There is no default partition: ``django_idempotency_ensure_partition``
-creates a missing day on demand (the claim calls it when today's is absent).
+the partition key: ``sweep_after`` (the day each record's own retention window ends,
+migration 0004; ``created_at`` under migration 0003 alone). There is no default
+partition: ``django_idempotency_ensure_partition`` creates a missing day on demand (the
+claim calls it when its day is absent).
 
-The ``*_V1`` statements are run by migration 0003: never edit them. A change ships as
-new statements and a new migration.
+The ``*_V1`` statements are run by migration 0003, ``*_V2`` by 0004: never edit them.
+A change ships as new statements and a new migration.
 """
 
 from __future__ import annotations
@@ -140,6 +142,80 @@ BEGIN{_READ_COMMITTED_ONLY}
         p_principal, p_endpoint, p_key, p_fingerprint, 'claimed', p_token,
         v_now + p_lease * interval '1 second', '', '[]'::jsonb, v_now,
         v_now + p_retention * interval '1 second')
+    RETURNING r.id INTO v_id;
+    RETURN QUERY SELECT true, v_id, NULL::uuid, NULL::varchar, NULL::varchar,
+        NULL::varchar, NULL::float8, NULL::boolean, NULL::integer, NULL::jsonb,
+        NULL::bytea;
+END
+$fn$;
+"""
+
+#: Version 2 of the claim (migration 0004): the table is partitioned by
+#: ``sweep_after``, the day the record's own retention window ends, and every
+#: timestamp is taken after the scope lock (and any partition creation) was granted,
+#: so a claim that waited never starts with a spent lease.
+CLAIM_FUNCTION_V2 = f"""
+CREATE OR REPLACE FUNCTION django_idempotency_claim(
+    p_principal varchar, p_endpoint varchar, p_key varchar, p_fingerprint varchar,
+    p_token uuid, p_lease float8, p_retention float8, p_clock_offset float8
+) RETURNS TABLE (
+    won boolean, id bigint, owner_token uuid, state varchar, fingerprint varchar,
+    recovery_point varchar, lease_remaining float8, expired boolean,
+    response_status integer, response_headers jsonb, response_body bytea
+) LANGUAGE plpgsql VOLATILE AS $fn$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz;
+    v_expires timestamptz;
+    v_day date;
+    v_row {TABLE}%ROWTYPE;
+    v_id bigint;
+BEGIN{_READ_COMMITTED_ONLY}
+    -- 1. Serialise every writer of this scope until this transaction ends.
+    PERFORM {_SCOPE_LOCK.format(p="p_")};
+    -- Now is read after the lock was granted (clock_timestamp(), not the statement's
+    -- start): a claim that queued behind another writer still gets its whole lease.
+    v_now := clock_timestamp() + p_clock_offset * interval '1 second';
+    -- 2. Look it up. At READ COMMITTED each statement of a volatile function takes a
+    --    new snapshot, so every row committed by an earlier holder of the lock is seen.
+    SELECT * INTO v_row FROM {TABLE} r
+    WHERE r.principal = p_principal AND r.endpoint = p_endpoint AND r.key = p_key;
+    IF FOUND THEN
+        IF v_row.expires_at > v_now
+           OR (v_row.state = 'claimed' AND v_row.lease_until > v_now) THEN
+            -- It stands: replay, 422, 409 or takeover; the caller decides.
+            RETURN QUERY SELECT false, v_row.id, v_row.owner_token, v_row.state,
+                v_row.fingerprint, v_row.recovery_point,
+                EXTRACT(EPOCH FROM v_row.lease_until - v_now)::float8,
+                v_row.expires_at <= v_now, v_row.response_status::integer,
+                v_row.response_headers, v_row.response_body;
+            RETURN;
+        END IF;
+        -- Past its retention window and its lease: the key is new. Delete the row
+        -- and insert a fresh one (the partition key is never rewritten).
+        DELETE FROM {TABLE} r
+        WHERE r.id = v_row.id AND r.sweep_after = v_row.sweep_after
+          AND r.expires_at <= v_now AND (r.state = 'completed' OR r.lease_until <= v_now);
+        IF NOT FOUND THEN
+            RETURN;  -- changed since the lookup (takeover, heartbeat): caller re-reads
+        END IF;
+    END IF;
+    -- 3. Insert into the partition of the day the window ends. It normally exists
+    --    (the sweeper creates days ahead); creating it may wait, so stamp again.
+    LOOP
+        v_expires := v_now + GREATEST(p_retention, p_lease) * interval '1 second';
+        v_day := (v_expires AT TIME ZONE 'UTC')::date;
+        EXIT WHEN to_regclass('{PARTITION_PREFIX}' || to_char(v_day, 'YYYYMMDD')) IS NOT NULL;
+        PERFORM django_idempotency_ensure_partition(v_day);
+        v_now := clock_timestamp() + p_clock_offset * interval '1 second';
+    END LOOP;
+    PERFORM set_config('django_idempotency.claim_token', p_token::text, true);
+    INSERT INTO {TABLE} AS r (
+        principal, endpoint, key, fingerprint, state, owner_token, lease_until,
+        recovery_point, response_headers, created_at, expires_at, sweep_after)
+    VALUES (
+        p_principal, p_endpoint, p_key, p_fingerprint, 'claimed', p_token,
+        v_now + p_lease * interval '1 second', '', '[]'::jsonb, v_now, v_expires, v_expires)
     RETURNING r.id INTO v_id;
     RETURN QUERY SELECT true, v_id, NULL::uuid, NULL::varchar, NULL::varchar,
         NULL::varchar, NULL::float8, NULL::boolean, NULL::integer, NULL::jsonb,

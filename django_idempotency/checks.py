@@ -122,18 +122,6 @@ def _check_retention() -> Iterator[CheckMessage]:
             "PARTITIONS_AHEAD 3, SWEEP_BATCH_SIZE 5000.",
             id="django_idempotency.E006",
         )
-    else:
-        try:
-            retention = conf.retention
-        except (TypeError, ValueError):
-            return  # reported by E003
-        if max_retention < retention:
-            yield Error(
-                "IDEMPOTENCY['MAX_RETENTION'] is shorter than ['RETENTION'].",
-                hint="The sweeper forgets whole days older than MAX_RETENTION; it must "
-                "be at least the longest retention window of any view.",
-                id="django_idempotency.E006",
-            )
 
 
 # --- Production readiness (W003, W004, E007) ------------------------------------------

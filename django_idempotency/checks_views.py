@@ -49,7 +49,13 @@ def _view_options(callback: Any) -> Iterator[tuple[Any, Any]]:
 def check_view_retention(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[CheckMessage]:
-    """W002: a view keeps responses longer than ``MAX_RETENTION``, the sweeper's window."""
+    """W002: a view keeps responses longer than ``MAX_RETENTION``, the partitions' horizon.
+
+    Its records are still kept for their whole window; on a partitioned PostgreSQL
+    table, though, its claims may have to create their partition on demand (the sweeper
+    creates days ahead only up to ``MAX_RETENTION``), which can queue behind a sweeper
+    detaching an old day.
+    """
     try:
         limit = conf.max_retention
     except (TypeError, ValueError):
@@ -70,8 +76,11 @@ def check_view_retention(
                 Warning(
                     f"{obj.__module__}.{obj.__name__} declares a retention of "
                     f"{seconds:g} s, longer than IDEMPOTENCY['MAX_RETENTION'] "
-                    f"({limit:g} s): the sweeper will forget its keys earlier.",
-                    hint="Raise MAX_RETENTION to the longest retention of any view.",
+                    f"({limit:g} s). Its keys are kept for their whole window, but on a "
+                    "partitioned PostgreSQL table its claims may have to create their "
+                    "day's partition themselves, and wait behind the sweeper.",
+                    hint="Raise MAX_RETENTION to the longest retention of any view: the "
+                    "sweeper then creates every partition a claim needs ahead of time.",
                     obj=obj,
                     id="django_idempotency.W002",
                 )

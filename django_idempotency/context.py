@@ -108,11 +108,14 @@ class IdempotencyContext:
     def next_outbox_key(self, topic: str) -> str:
         """The default dedup key of the next message enqueued on ``topic`` (docs/outbox.md).
 
-        ``derive_key('["outbox", <record id>, "<phase>", "<topic>", <n>]')``: the
-        record id (the key's generation: a key reused after its retention window gets
-        a new record, so new messages), ``<phase>`` the open phase (or empty) and ``n``
-        counting this request's messages on that topic in that phase from 0. A retry
-        that re-runs the same code derives the same keys.
+        ``derive_key('["outbox", <record id>, "<owner token>", "<phase>", "<topic>",
+        <n>]')``: the record id (the key's generation: a key reused after its retention
+        window gets a new record, so new messages), the owner token (the attempt: a
+        takeover's messages never collide with those of the stalled attempt it took
+        over, so its insert never waits on that attempt's open transaction; at most one
+        attempt's messages commit, since the fence rolls the other back), ``<phase>``
+        the open phase (or empty) and ``n`` counting this request's messages on that
+        topic in that phase from 0.
         """
         slot = (self.open_phase, topic)
         n = self._outbox_counts.get(slot, 0)
@@ -120,7 +123,10 @@ class IdempotencyContext:
         # A JSON list keeps the parts apart (a ":" in a phase or topic cannot make two
         # names equal); the record id is the key's generation: after the retention
         # window the key is new, its record is a new row, and so are its messages.
-        name = json.dumps(["outbox", self._claim.record_id, self.open_phase, topic, n])
+        claim = self._claim
+        name = json.dumps(
+            ["outbox", claim.record_id, str(claim.owner_token), self.open_phase, topic, n]
+        )
         return self.derive_key(name)
 
     @contextmanager

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
@@ -28,6 +29,13 @@ class IdempotencyRecord(models.Model):
     Every write goes through ``django_idempotency.store``; the admin shows rows
     read-only. Times are in UTC; ``lease_until`` and ``expires_at`` follow the clock
     described in ``django_idempotency.clock``.
+
+    ``expires_at`` is the end of the record's retention window: until then a retry
+    replays (or waits for) it. It only ever moves later, and never ends before a live
+    lease does: a takeover, a heartbeat or a late completion pushes it (docs/retention.md).
+    ``sweep_after`` is the window's end as first claimed and never changes: on
+    PostgreSQL it is the partition key, so each record is stored in the partition of
+    the day its own window ends.
     """
 
     principal = models.CharField(_("principal"), max_length=255)
@@ -46,6 +54,7 @@ class IdempotencyRecord(models.Model):
     created_at = models.DateTimeField(_("created at"), default=timezone.now)
     completed_at = models.DateTimeField(_("completed at"), null=True)
     expires_at = models.DateTimeField(_("expires at"))
+    sweep_after = models.DateTimeField(_("sweep after"), null=True)
 
     class Meta:  # noqa: D106
         db_table = "django_idempotency_record"
@@ -72,6 +81,12 @@ class IdempotencyRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.endpoint} {self.key} ({self.state})"
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """Save; a record written outside the store gets ``sweep_after = expires_at``."""
+        if self.sweep_after is None:
+            self.sweep_after = self.expires_at
+        super().save(*args, **kwargs)
 
 
 class OutboxState(models.TextChoices):

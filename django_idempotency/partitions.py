@@ -17,6 +17,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ._pg_partitioned import (
     CLAIM_FUNCTION_V1,
+    CLAIM_FUNCTION_V2,
     DROP_FUNCTIONS_V1,
     ENSURE_PARTITION_FUNCTION_V1,
     PARTITION_PREFIX,
@@ -131,6 +132,21 @@ def drop(connection: BaseDatabaseWrapper, partition: Partition, *, lock_timeout:
         cursor.execute(*restore)
 
 
+def holds_live_records(
+    connection: BaseDatabaseWrapper, partition: Partition, now: dt.datetime
+) -> bool:
+    """Whether a record in ``partition`` is inside its window or holds a live lease.
+
+    One probe of the partition's ``expires_at`` index: a record's window never ends
+    before its lease (every write of the store keeps ``expires_at >= lease_until``, and
+    migration 0004 made older rows follow the rule).
+    """
+    quoted = connection.ops.quote_name(partition.name)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT EXISTS (SELECT 1 FROM {quoted} WHERE expires_at > %s)", [now])
+        return bool(cursor.fetchone()[0])
+
+
 def _detach_pending(cursor: Any, name: str) -> bool:
     cursor.execute(
         "SELECT EXISTS (SELECT 1 FROM pg_inherits WHERE inhrelid = to_regclass(%s) "
@@ -140,44 +156,67 @@ def _detach_pending(cursor: Any, name: str) -> bool:
     return bool(cursor.fetchone()[0])
 
 
-def install_functions(connection: BaseDatabaseWrapper) -> None:
+#: Rows written before migration 0004 may hold a lease past their window's end: the
+#: window is made to cover it (the sweeper's one-index test relies on it).
+WINDOW_COVERS_LEASE_SQL = (
+    "UPDATE {table} SET expires_at = lease_until "
+    "WHERE state = 'claimed' AND lease_until > expires_at"
+)
+
+#: The partition key of each version of the partitioned table (migration 0003: 1,
+#: migration 0004: 2, the current one).
+PARTITION_KEYS = {1: "created_at", 2: "sweep_after"}
+CURRENT_VERSION = 2
+
+
+def install_functions(connection: BaseDatabaseWrapper, *, version: int = CURRENT_VERSION) -> None:
     """Create (or replace) the server-side functions of the partitioned table."""
+    claim = CLAIM_FUNCTION_V2 if version >= 2 else CLAIM_FUNCTION_V1
     with connection.cursor() as cursor:
-        for sql in (ENSURE_PARTITION_FUNCTION_V1, CLAIM_FUNCTION_V1, SCOPE_TRIGGER_FUNCTION_V1):
+        for sql in (ENSURE_PARTITION_FUNCTION_V1, claim, SCOPE_TRIGGER_FUNCTION_V1):
             cursor.execute(sql)
 
 
 def to_partitioned(
-    connection: BaseDatabaseWrapper, *, keep_since: dt.datetime, days: list[dt.date]
+    connection: BaseDatabaseWrapper,
+    *,
+    keep_since: dt.datetime | None,
+    days: list[dt.date],
+    version: int = CURRENT_VERSION,
 ) -> int:
-    """Replace the plain record table by a day-partitioned one (migration 0003).
+    """Replace the plain record table by a day-partitioned one (migrations 0003, 0004).
 
     Locks the table, renames it, creates the partitioned table with the same columns
-    and checks, creates the partitions of ``days`` and of every day holding a copied
-    row, copies the rows created at or after ``keep_since`` (older rows are those the
-    sweeper would drop), drops the old table and builds the indexes. Runs in the
-    caller's transaction: all or nothing. Returns the number of rows copied.
+    and checks (partitioned by ``PARTITION_KEYS[version]``), creates the partitions of
+    ``days`` and of every day holding a copied row, copies the rows (with
+    ``keep_since``, only those whose partition key is at or after it: older rows are
+    those the sweeper would drop), drops the old table and builds the indexes. Runs in
+    the caller's transaction: all or nothing. Returns the number of rows copied.
     """
+    key = PARTITION_KEYS[version]
+    since = f"WHERE {key} >= %s" if keep_since is not None else ""
+    since_params = [keep_since] if keep_since is not None else []
     with connection.cursor() as cursor:
         cursor.execute(f"LOCK TABLE {TABLE} IN ACCESS EXCLUSIVE MODE")
         cursor.execute(f"ALTER TABLE {TABLE} RENAME TO {_PLAIN_COPY}")
+        if version >= 2:
+            cursor.execute(WINDOW_COVERS_LEASE_SQL.format(table=_PLAIN_COPY))
+            cursor.execute(
+                f"UPDATE {_PLAIN_COPY} SET sweep_after = expires_at WHERE sweep_after IS NULL"
+            )
         cursor.execute(
             f"CREATE TABLE {TABLE} (LIKE {_PLAIN_COPY} INCLUDING DEFAULTS INCLUDING "
-            "CONSTRAINTS INCLUDING IDENTITY) PARTITION BY RANGE (created_at)"
+            f"CONSTRAINTS INCLUDING IDENTITY) PARTITION BY RANGE ({key})"
         )
-        install_functions(connection)
+        install_functions(connection, version=version)
         cursor.execute(
-            f"SELECT DISTINCT (created_at AT TIME ZONE 'UTC')::date FROM {_PLAIN_COPY} "
-            "WHERE created_at >= %s",
-            [keep_since],
+            f"SELECT DISTINCT ({key} AT TIME ZONE 'UTC')::date FROM {_PLAIN_COPY} {since}",
+            since_params,
         )
         row_days = {day for (day,) in cursor.fetchall()}
         for day in sorted(row_days | set(days)):
             cursor.execute("SELECT django_idempotency_ensure_partition(%s::date)", [day])
-        cursor.execute(
-            f"INSERT INTO {TABLE} SELECT * FROM {_PLAIN_COPY} WHERE created_at >= %s",
-            [keep_since],
-        )
+        cursor.execute(f"INSERT INTO {TABLE} SELECT * FROM {_PLAIN_COPY} {since}", since_params)
         copied = int(cursor.rowcount)
         cursor.execute(
             f"SELECT setval(pg_get_serial_sequence('{TABLE}', 'id'), "
@@ -185,9 +224,7 @@ def to_partitioned(
         )
         cursor.execute(f"DROP TABLE {_PLAIN_COPY}")
         _rename_sequence(cursor, f"{TABLE}_id_seq")
-        cursor.execute(
-            f"ALTER TABLE {TABLE} ADD CONSTRAINT {TABLE}_pkey PRIMARY KEY (id, created_at)"
-        )
+        cursor.execute(f"ALTER TABLE {TABLE} ADD CONSTRAINT {TABLE}_pkey PRIMARY KEY (id, {key})")
         cursor.execute(
             f"CREATE INDEX django_idem_record_scope ON {TABLE} (principal, endpoint, key)"
         )
@@ -196,7 +233,7 @@ def to_partitioned(
         cursor.execute(SCOPE_TRIGGER_V1)
         cursor.execute(
             f"COMMENT ON TABLE {TABLE} IS 'django-idempotency records, one partition per UTC "
-            "day of created_at. Scope uniqueness: advisory lock + lookup in "
+            f"day of {key}. Scope uniqueness: advisory lock + lookup in "
             "django_idempotency_claim() and the scope_unique trigger (docs/retention.md).'"
         )
     forget()

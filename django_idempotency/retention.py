@@ -1,26 +1,32 @@
-"""Sweeping (SPEC §6): forget what is past the longest retention window.
+"""Sweeping: forget each record once its own retention window and lease are over.
 
 :func:`sweep` is the one entry point of the Celery task and of the
-``idempotency_sweep`` management command. With ``W = max(MAX_RETENTION, RETENTION)``
-and ``cutoff`` the start (UTC) of the day holding ``now - W``, it:
+``idempotency_sweep`` management command. With ``now`` the store's clock, it:
 
-* PostgreSQL, partitioned record table: creates the partitions of today and
-  ``PARTITIONS_AHEAD`` days ahead, then detaches and drops every day partition before
-  ``cutoff``: a constant cost whatever the row count.
-* Other databases, or a plain PostgreSQL table: deletes the records created before
-  ``cutoff`` in batches of ``SWEEP_BATCH_SIZE`` rows, each its own transaction.
+* PostgreSQL, partitioned record table (partitioned by ``sweep_after``, the day each
+  record's window ends): creates the partitions of today and of every day a claim made
+  now may need (``MAX_RETENTION`` ahead, plus ``PARTITIONS_AHEAD`` days), then detaches
+  and drops each day partition that ended before today, unless a record in it is still
+  inside its window (``expires_at > now``: a takeover, a heartbeat or a late completion
+  pushed it) or holds a live lease; such a day is kept (``held``) until the next run.
+  A constant cost whatever the row count: one index probe per old partition.
+* Other databases, or a plain PostgreSQL table: deletes the records whose window and
+  lease are both over, in batches of ``SWEEP_BATCH_SIZE`` rows, each its own
+  transaction.
 * Everywhere: deletes, in batches, outbox messages sent more than
   ``OUTBOX_RETENTION`` ago.
 
-Inside a kept day, a record past its own ``expires_at`` is already treated as absent
-by the claim. On PostgreSQL a session advisory lock makes a concurrent second run a
-no-op (``skipped``); every step is idempotent, so re-running is always safe.
+A record is therefore stored for its own window plus at most about a day (the rest of
+its partition's day, and the time to the next sweep), whatever other views use. On
+PostgreSQL a session advisory lock makes a concurrent second run a no-op
+(``skipped``); every step is idempotent, so re-running is always safe.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import logging
+import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -29,12 +35,12 @@ from typing import Any
 
 from django.db import DatabaseError, connections, router
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
 from . import clock, partitions
 from ._pg_partitioned import SWEEP_LOCK, is_partitioned
 from .conf import conf
-from .models import IdempotencyRecord, OutboxMessage, OutboxState
+from .models import IdempotencyRecord, OutboxMessage, OutboxState, RecordState
 
 logger = logging.getLogger("django_idempotency")
 
@@ -52,9 +58,13 @@ class SweepReport:
         dry_run: nothing was changed; the lists and counts say what would be.
         skipped: another sweeper held the lock; this run did nothing.
         now: the store's clock when the sweep started (UTC).
-        cutoff: records created before this instant are dropped or deleted (UTC).
+        cutoff: partitions of days ending at or before this instant (the start of
+            today, UTC) may be dropped; rows whose window and lease ended before it
+            may be deleted (``now``).
         created: days whose partition was (or would be) created.
         dropped: partitions dropped (or to drop), with their estimated row counts.
+        held: partitions past their day kept because a record in them is still
+            inside its window or lease.
         deleted_records: records deleted (or to delete) by the batched path.
         deleted_outbox: sent outbox messages deleted (or to delete).
         errors: partitions that could not be dropped this time, with the reason.
@@ -69,6 +79,7 @@ class SweepReport:
     skipped: bool = False
     created: list[dt.date] = field(default_factory=list)
     dropped: list[partitions.Partition] = field(default_factory=list)
+    held: list[str] = field(default_factory=list)
     deleted_records: int = 0
     deleted_outbox: int = 0
     errors: list[str] = field(default_factory=list)
@@ -100,22 +111,24 @@ def store_now(connection: BaseDatabaseWrapper) -> dt.datetime:
     return now.astimezone(dt.UTC)  # type: ignore[no-any-return]
 
 
-def retention_window() -> float:
-    """Seconds after which a record is swept: ``max(MAX_RETENTION, RETENTION)``."""
-    return max(conf.max_retention, conf.retention)
+def days_ahead() -> int:
+    """Days of partitions kept created after today (PostgreSQL).
 
-
-def cutoff_for(now: dt.datetime) -> dt.datetime:
-    """Start (UTC) of the day holding ``now - retention_window()``.
-
-    Every whole day before it ended more than the window ago.
+    Enough for the window of a claim made now under ``MAX_RETENTION`` (and
+    ``RETENTION``, and the lease), plus ``PARTITIONS_AHEAD`` days: a claim then never
+    has to create its partition, which could queue behind a sweeper's detach.
     """
-    oldest = (now - dt.timedelta(seconds=retention_window())).astimezone(dt.UTC)
-    return oldest.replace(hour=0, minute=0, second=0, microsecond=0)
+    window = max(conf.max_retention, conf.retention, conf.lease, 0.0)
+    return math.ceil(window / 86400.0) + max(conf.partitions_ahead, 0)
+
+
+def start_of_day(moment: dt.datetime) -> dt.datetime:
+    """00:00 UTC of the day holding ``moment``."""
+    return moment.astimezone(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
 
 
 def sweep(using: str | None = None, *, dry_run: bool = False) -> SweepReport:
-    """Drop or delete records past the retention window; sweep sent outbox messages.
+    """Drop or delete records past their own window and lease; sweep sent outbox messages.
 
     Args:
         using: database alias; by default the router's choice for records.
@@ -123,7 +136,8 @@ def sweep(using: str | None = None, *, dry_run: bool = False) -> SweepReport:
 
     Returns:
         A :class:`SweepReport`. A partition whose drop timed out waiting for its lock
-        is listed in ``errors`` and retried by the next run.
+        is listed in ``errors``, one still holding a live record in ``held``; both are
+        tried again by the next run.
 
     Raises:
         django.db.DatabaseError: the database failed (anything but a lock timeout).
@@ -133,7 +147,8 @@ def sweep(using: str | None = None, *, dry_run: bool = False) -> SweepReport:
     connection = connections[using]
     now = store_now(connection)
     method = "partitions" if is_partitioned(connection) else "delete"
-    report = SweepReport(using, method, dry_run, now, cutoff_for(now))
+    cutoff = start_of_day(now) if method == "partitions" else now
+    report = SweepReport(using, method, dry_run, now, cutoff)
     with _exclusive(connection, dry_run) as acquired:
         if not acquired:
             report.skipped = True
@@ -142,10 +157,7 @@ def sweep(using: str | None = None, *, dry_run: bool = False) -> SweepReport:
             if method == "partitions":
                 _sweep_partitions(connection, report)
             else:
-                records = IdempotencyRecord.objects.using(using).filter(
-                    created_at__lt=report.cutoff
-                )
-                report.deleted_records = _delete(records, dry_run=dry_run)
+                report.deleted_records = _delete(_forgettable(using, now), dry_run=dry_run)
             sent = OutboxMessage.objects.using(using).filter(
                 state=OutboxState.SENT,
                 sent_at__lt=now - dt.timedelta(seconds=conf.outbox_retention),
@@ -195,11 +207,19 @@ def _unlock(connection: BaseDatabaseWrapper) -> None:
         cursor.execute("SELECT pg_advisory_unlock(%s, %s)", list(SWEEP_LOCK))
 
 
+def _forgettable(using: str, now: dt.datetime) -> QuerySet[IdempotencyRecord]:
+    """Records past their window and their lease: no claim can need them any more."""
+    return IdempotencyRecord.objects.using(using).filter(
+        Q(state=RecordState.COMPLETED) | Q(lease_until__lte=now), expires_at__lte=now
+    )
+
+
 def _sweep_partitions(connection: BaseDatabaseWrapper, report: SweepReport) -> None:
     existing = partitions.list_partitions(connection)
     attached = {p.day for p in existing if p.attached}
     today = report.now.date()
-    for offset in range(max(conf.partitions_ahead, 0) + 1):
+    # Create every day ahead first, so no claim queues behind the detaches below.
+    for offset in range(days_ahead() + 1):
         day = today + dt.timedelta(days=offset)
         if day in attached:
             continue
@@ -207,6 +227,9 @@ def _sweep_partitions(connection: BaseDatabaseWrapper, report: SweepReport) -> N
             report.created.append(day)
     for partition in existing:
         if partition.day >= report.cutoff.date():
+            continue
+        if partition.attached and partitions.holds_live_records(connection, partition, report.now):
+            report.held.append(partition.name)
             continue
         if not report.dry_run:
             try:

@@ -26,16 +26,34 @@ import datetime as dt
 import json
 import logging
 import uuid
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import DatabaseError, IntegrityError, connections, router, transaction
-from django.db.models import Q
+from django.db import (
+    DatabaseError,
+    IntegrityError,
+    OperationalError,
+    connections,
+    router,
+    transaction,
+)
+from django.db.models import F, Q
 from django.db.models.expressions import RawSQL
+from django.db.models.functions import Greatest
 
 from . import clock
-from ._pg import PG_CLAIM_SQL, PG_COMPLETE_SQL, PG_EXTEND_SQL, PG_FETCH_SQL, pg_now
+from ._pg import (
+    PG_CLAIM_SQL,
+    PG_COMPLETE_SQL,
+    PG_EXTEND_SQL,
+    PG_FETCH_SQL,
+    PG_FORGET_SQL,
+    PG_RESTAMP_SQL,
+    PG_TAKEOVER_SQL,
+    pg_now,
+)
 from ._pg_partitioned import PG_PARTITIONED_CLAIM_SQL, is_partitioned
 from ._pg_partitioned import forget as forget_table_kind
 from .conf import conf
@@ -51,9 +69,34 @@ _NO_PARTITION = "23514"
 #: Attempts at "claim, or settle on the row we collided with" before answering 409.
 _MAX_ROUNDS = 5
 
+#: SQLSTATE raised by the partitioned claim function outside READ COMMITTED.
+_NOT_READ_COMMITTED = "0A000"
+#: Aliases whose server turned out to default to a stricter isolation level.
+_strict_databases: set[str] = set()
+
+#: SQLSTATE of serialization_failure: at REPEATABLE READ or SERIALIZABLE, a fenced
+#: statement found our record changed since the view's snapshot (a takeover).
+_SERIALIZATION_FAILURE = "40001"
+
+#: Seconds a plain-table claim may have queued behind an uncommitted row with the same
+#: scope before its times are taken again (``PG_RESTAMP_SQL``), as a fraction of the
+#: lease and at most this long.
+_RESTAMP_AFTER = 0.05
+
 
 class LeaseLost(DatabaseError):
     """The fenced completion updated no row: another request took over the key."""
+
+
+class HeartbeatUnavailable(RuntimeError):
+    """A heartbeat was asked for on a database above READ COMMITTED.
+
+    The heartbeat commits beside the view's open transaction; at REPEATABLE READ or
+    SERIALIZABLE, PostgreSQL would then refuse the view's own fenced completion of the
+    same row (a serialization failure), so the view could never complete. Give such
+    views a lease longer than their longest run, or use READ COMMITTED for the
+    database that holds the records (docs/storage.md).
+    """
 
 
 @dataclass(frozen=True)
@@ -87,6 +130,8 @@ class Claim:
     over; ``recovery_point`` is then the last phase that attempt finished (SPEC §5).
     ``using`` is the database alias of the record; ``committed`` is false when the
     claim was made inside a caller's transaction and is not yet visible to others.
+    ``lease`` is the claim's lease in seconds: a completed response stays replayable
+    at least that long after its completion commits.
     """
 
     scope: Scope
@@ -96,6 +141,7 @@ class Claim:
     recovery_point: str
     using: str
     committed: bool = True
+    lease: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -265,7 +311,15 @@ def _claim(
             and existing.fingerprint == fingerprint
         ):
             if _take_over(using, existing, token, lease):
-                return Claim(scope, existing.record_id, token, True, existing.recovery_point, using)
+                return Claim(
+                    scope,
+                    existing.record_id,
+                    token,
+                    True,
+                    existing.recovery_point,
+                    using,
+                    lease=lease,
+                )
             continue
         return existing
     # Raced on every round (claims released or taken over under us): in flight.
@@ -281,9 +335,6 @@ def _insert(
     retention: float,
 ) -> tuple[Claim | None, Existing | None]:
     connection = connections[using]
-    # Inside a caller's atomic block (ATOMIC_REQUESTS, TestCase) the claim cannot
-    # commit on its own; a savepoint at least keeps a failure from poisoning it.
-    block = transaction.atomic(using=using) if connection.in_atomic_block else nullcontext()
     if connection.vendor == "postgresql":
         params = _pg_params(
             scope, fingerprint=fingerprint, token=token, lease=lease, retention=retention
@@ -292,7 +343,7 @@ def _insert(
         # with: a server-side function locks the scope, looks it up, then inserts.
         sql = PG_PARTITIONED_CLAIM_SQL if is_partitioned(connection) else PG_CLAIM_SQL
         try:
-            with block, connection.cursor() as cursor:
+            with _claim_transaction(connection), connection.cursor() as cursor:
                 cursor.execute(sql, params)
                 row = cursor.fetchone()
                 columns = [col.name for col in cursor.description] if row else []
@@ -302,16 +353,33 @@ def _insert(
                 # statement planned its insert: the next round sees it.
                 return None, None
             raise
-        except DatabaseError:
+        except DatabaseError as exc:
+            if (
+                getattr(exc.__cause__, "sqlstate", None) == _NOT_READ_COMMITTED
+                and not connection.in_atomic_block
+                and connection.alias not in _strict_databases
+            ):
+                # The server's default isolation is stricter than Django was told
+                # (ALTER DATABASE/ROLE ... SET default_transaction_isolation): from now
+                # on this database's claims open their own READ COMMITTED transaction.
+                _strict_databases.add(connection.alias)
+                return None, None
             forget_table_kind()  # perhaps a migration changed the table under us
             raise
         if row is None:
             return None, fetch(scope, using=using)
         data = dict(zip(columns, row, strict=True))
         if data["won"]:
-            return Claim(scope, data["id"], token, False, "", using), None
+            won = Claim(scope, data["id"], token, False, "", using, lease=lease)
+            waited = data.get("waited") or 0.0
+            if waited > min(_RESTAMP_AFTER, lease / 10) and not _restamp(
+                connection, won, retention
+            ):
+                return None, None  # taken over in between: settle on it next round
+            return won, None
         return None, _existing(data)
     now = clock.app_now()
+    window_end = now + dt.timedelta(seconds=max(retention, lease))
     try:
         with transaction.atomic(using=using):
             record = IdempotencyRecord.objects.using(using).create(
@@ -320,11 +388,85 @@ def _insert(
                 owner_token=token,
                 lease_until=now + dt.timedelta(seconds=lease),
                 created_at=now,
-                expires_at=now + dt.timedelta(seconds=retention),
+                expires_at=window_end,
+                sweep_after=window_end,
             )
     except IntegrityError:
         return None, fetch(scope, using=using)
-    return Claim(scope, record.pk, token, False, "", using), None
+    return Claim(scope, record.pk, token, False, "", using, lease=lease), None
+
+
+def _claim_transaction(connection: Any) -> AbstractContextManager[None]:
+    """The transaction a PostgreSQL claim statement runs in.
+
+    Normally none of its own: the statement commits at once (autocommit). Inside a
+    caller's atomic block (``ATOMIC_REQUESTS``, a test case) the claim cannot commit on
+    its own; a savepoint at least keeps a failure from poisoning that block. When the
+    database's isolation level is stricter than READ COMMITTED, the claim opens its own
+    READ COMMITTED transaction: its look-up must see every row committed before the
+    scope's lock was granted, and a snapshot taken earlier would not.
+    """
+    if connection.in_atomic_block:
+        block: AbstractContextManager[None] = transaction.atomic(using=connection.alias)
+        return block
+    if connection.alias in _strict_databases or stricter_than_read_committed(connection):
+        return _read_committed(connection)
+    return nullcontext()
+
+
+@contextmanager
+def _read_committed(connection: Any) -> Iterator[None]:
+    with connection.cursor() as cursor:
+        cursor.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+    try:
+        yield
+    except BaseException:
+        with suppress(DatabaseError), connection.cursor() as cursor:  # keep the cause
+            cursor.execute("ROLLBACK")
+        raise
+    with connection.cursor() as cursor:
+        cursor.execute("COMMIT")
+
+
+def stricter_than_read_committed(connection: Any) -> bool:
+    """Whether Django opens transactions on ``connection`` above READ COMMITTED.
+
+    ``True`` for PostgreSQL databases whose ``OPTIONS["isolation_level"]`` is
+    REPEATABLE READ or SERIALIZABLE; ``False`` for every other database.
+    """
+    if connection.vendor != "postgresql":
+        return False
+    level = connection.settings_dict.get("OPTIONS", {}).get("isolation_level")
+    if level is None:
+        return False
+    from django.db.backends.postgresql.psycopg_any import IsolationLevel
+
+    try:
+        return IsolationLevel(level) in (
+            IsolationLevel.REPEATABLE_READ,
+            IsolationLevel.SERIALIZABLE,
+        )
+    except ValueError:
+        return False
+
+
+def _restamp(connection: Any, claim: Claim, retention: float) -> bool:
+    """Take a plain-table claim's times again after its INSERT queued (fenced).
+
+    The INSERT's values were computed when the statement started; it then waited for
+    an uncommitted row with the same scope, whose transaction rolled back. Returns
+    whether the claim is still ours.
+    """
+    params = {
+        "id": claim.record_id,
+        "token": claim.owner_token,
+        "lease": claim.lease,
+        "retention": retention,
+        "clock_offset": clock.offset(),
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(PG_RESTAMP_SQL, params)
+        return bool(cursor.rowcount == 1)
 
 
 def _forget_expired(using: str, existing: Existing) -> None:
@@ -335,7 +477,17 @@ def _forget_expired(using: str, existing: Existing) -> None:
     was read, and still past its window, so a concurrent contender's fresh claim is
     never deleted. On the partitioned table the claim function does this itself.
     """
-    if is_partitioned(connections[using]):
+    connection = connections[using]
+    if is_partitioned(connection):
+        return
+    if connection.vendor == "postgresql":
+        params = {
+            "id": existing.record_id,
+            "token": existing.owner_token,
+            "clock_offset": clock.offset(),
+        }
+        with connection.cursor() as cursor:
+            cursor.execute(PG_FORGET_SQL, params)
         return
     IdempotencyRecord.objects.using(using).filter(
         Q(state=RecordState.COMPLETED) | Q(lease_until__lte=_now_value(using)),
@@ -346,7 +498,25 @@ def _forget_expired(using: str, existing: Existing) -> None:
 
 
 def _take_over(using: str, existing: Existing, token: uuid.UUID, lease: float) -> bool:
-    """Install ``token`` on a claim whose lease ran out, if nobody changed it since."""
+    """Install ``token`` on a claim whose lease ran out, if nobody changed it since.
+
+    The window is pushed to end no earlier than the new lease. On PostgreSQL a row
+    locked by the stalled owner's open transaction is skipped, never waited for.
+    """
+    connection = connections[using]
+    if connection.vendor == "postgresql":
+        params = {
+            "id": existing.record_id,
+            "token": existing.owner_token,
+            "recovery_point": existing.recovery_point,
+            "new_token": token,
+            "lease": lease,
+            "clock_offset": clock.offset(),
+        }
+        with connection.cursor() as cursor:
+            cursor.execute(PG_TAKEOVER_SQL, params)
+            return bool(cursor.rowcount == 1)
+    new_lease_until = _now_value(using, lease)
     updated = (
         IdempotencyRecord.objects.using(using)
         .filter(
@@ -356,7 +526,11 @@ def _take_over(using: str, existing: Existing, token: uuid.UUID, lease: float) -
             recovery_point=existing.recovery_point,
             lease_until__lte=_now_value(using),
         )
-        .update(owner_token=token, lease_until=_now_value(using, lease))
+        .update(
+            owner_token=token,
+            lease_until=new_lease_until,
+            expires_at=Greatest(F("expires_at"), new_lease_until),
+        )
     )
     return updated == 1
 
@@ -365,6 +539,24 @@ def _fenced(claim: Claim) -> Any:
     return IdempotencyRecord.objects.using(claim.using).filter(
         pk=claim.record_id, owner_token=claim.owner_token, state=RecordState.CLAIMED
     )
+
+
+@contextmanager
+def _fenced_errors(claim: Claim) -> Iterator[None]:
+    """Turn a serialization failure of a fenced write into :class:`LeaseLost`.
+
+    At REPEATABLE READ or SERIALIZABLE, PostgreSQL refuses to update a row changed
+    since the transaction's snapshot instead of re-checking the fence: the record was
+    taken over (or its lease ended by an operator) while the view ran.
+    """
+    try:
+        yield
+    except OperationalError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) == _SERIALIZATION_FAILURE:
+            raise LeaseLost(
+                f"record {claim.record_id}: changed by another request while this one ran"
+            ) from exc
+        raise
 
 
 def complete(claim: Claim, response: StoredResponse) -> None:
@@ -396,9 +588,10 @@ def complete(claim: Claim, response: StoredResponse) -> None:
             "body": body,
             "id": claim.record_id,
             "token": claim.owner_token,
+            "grace": claim.lease,
             "clock_offset": clock.offset(),
         }
-        with connection.cursor() as cursor:
+        with _fenced_errors(claim), connection.cursor() as cursor:
             cursor.execute(PG_COMPLETE_SQL, params)
             updated = cursor.rowcount
     else:
@@ -410,6 +603,7 @@ def complete(claim: Claim, response: StoredResponse) -> None:
             response_body=body,
             completed_at=now,
             lease_until=now,
+            expires_at=Greatest(F("expires_at"), _now_value(claim.using, claim.lease)),
         )
     if updated != 1:
         raise LeaseLost(f"record {claim.record_id}: the lease was lost before completion")
@@ -461,7 +655,9 @@ def advance(claim: Claim, recovery_point: str) -> None:
     Raises:
         LeaseLost: another request took the key over; let it roll the phase back.
     """
-    if _fenced(claim).update(recovery_point=recovery_point) != 1:
+    with _fenced_errors(claim):
+        updated = _fenced(claim).update(recovery_point=recovery_point)
+    if updated != 1:
         raise LeaseLost(f"record {claim.record_id}: the lease was lost before {recovery_point!r}")
 
 
@@ -485,10 +681,16 @@ def extend(claim: Claim, seconds: float) -> bool:
 
     Returns:
         ``False`` when the claim was lost (taken over): the caller should stop.
+
+    Raises:
+        HeartbeatUnavailable: the database runs above READ COMMITTED (see there).
     """
     connection = connections[claim.using]
     if connection.vendor != "postgresql":
-        return bool(_fenced(claim).update(lease_until=_now_value(claim.using, seconds)))
+        until = _now_value(claim.using, seconds)
+        return bool(
+            _fenced(claim).update(lease_until=until, expires_at=Greatest(F("expires_at"), until))
+        )
     params: dict[str, Any] = {
         "id": claim.record_id,
         "token": claim.owner_token,
@@ -498,6 +700,13 @@ def extend(claim: Claim, seconds: float) -> bool:
     # A committed claim is extended from a second connection when the view's
     # transaction is open; an uncommitted one only exists in this connection.
     side = connection.in_atomic_block and claim.committed
+    if side and stricter_than_read_committed(connection):
+        raise HeartbeatUnavailable(
+            f"extend_lease() cannot work on database {claim.using!r}: its isolation level "
+            "is above READ COMMITTED, so a heartbeat committed beside this request's "
+            "transaction would make the request's own completion fail. Give this view a "
+            "lease longer than its longest run, or use READ COMMITTED for this database."
+        )
     target = connection.copy() if side else connection
     try:
         with target.cursor() as cursor:

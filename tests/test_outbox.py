@@ -105,10 +105,16 @@ def test_view_messages_link_the_record_and_derive_their_keys(api, alice, key):
     principal = f"auth.user:{alice.user.pk}"
     assert [m.dedup_key for m in messages] == [
         derive_key(
-            principal, "POST /notify", key, f'["outbox", {rec.pk}, "", "widget.created", 0]'
+            principal,
+            "POST /notify",
+            key,
+            f'["outbox", {rec.pk}, "{rec.owner_token}", "", "widget.created", 0]',
         ),
         derive_key(
-            principal, "POST /notify", key, f'["outbox", {rec.pk}, "", "widget.created", 1]'
+            principal,
+            "POST /notify",
+            key,
+            f'["outbox", {rec.pk}, "{rec.owner_token}", "", "widget.created", 1]',
         ),
     ]
     assert response.json()["keys"] == [m.dedup_key for m in messages]
@@ -151,7 +157,8 @@ def test_phase_messages_commit_with_their_phase(api, alice, key):
     api.raise_request_exception = False
     api.post("/provision", {"cpus": 2}, format="json", HTTP_IDEMPOTENCY_KEY=key)
     (message,) = OutboxMessage.objects.all()
-    name = f'["outbox", {message.record_id}, "allocated", "worker.created", 0]'
+    owner = IdempotencyRecord.objects.get(pk=message.record_id).owner_token
+    name = f'["outbox", {message.record_id}, "{owner}", "allocated", "worker.created", 0]'
     assert message.dedup_key == derive_key(
         f"auth.user:{alice.user.pk}", "POST /provision", key, name
     )

@@ -39,9 +39,21 @@ def latest() -> str:
     return leaf
 
 
+def to_plain() -> None:
+    """Switch the test database to the plain table at the latest schema."""
+    migrate(BEFORE)
+    with override_settings(IDEMPOTENCY={"PARTITION_RECORDS": False}):
+        migrate(latest())
+
+
+def to_partitioned() -> None:
+    migrate(BEFORE)
+    migrate(latest())
+
+
 @pytest.fixture
 def plain_table():
-    migrate(BEFORE)
+    to_plain()
     try:
         yield
     finally:
@@ -83,15 +95,17 @@ def test_upgrade_from_the_plain_table_keeps_rows_and_claims(plain_table):
         future = claim(reused, OTHER_FP, retention_s=DAY)
     assert isinstance(future, store.Claim)
     with testing.travel(-20 * DAY):
-        ancient = claim(scope())  # past the sweeper's cutoff: not copied
+        ancient = claim(scope())  # long past its window: copied, then swept
     count = IdempotencyRecord.objects.count()
     max_id = IdempotencyRecord.objects.aggregate(m=Max("id"))["m"]
 
-    migrate(latest())
+    to_partitioned()
 
     assert is_partitioned(connection) and not has_scope_constraint()
-    assert IdempotencyRecord.objects.count() == count - 1
+    assert IdempotencyRecord.objects.count() == count
+    retention.sweep()
     assert not IdempotencyRecord.objects.filter(pk=ancient.record_id).exists()
+    assert IdempotencyRecord.objects.count() == count - 1
     replay = claim(completed)
     assert isinstance(replay, store.Existing) and replay.response.body == b"kept"
     assert isinstance(claim(in_flight), store.Existing)
@@ -102,7 +116,7 @@ def test_upgrade_from_the_plain_table_keeps_rows_and_claims(plain_table):
     assert claim(scope()).record_id > max_id
     rows = set(IdempotencyRecord.objects.values_list("pk", "key", "state", "fingerprint"))
 
-    migrate(BEFORE)  # and back
+    to_plain()  # and back
 
     assert not is_partitioned(connection) and has_scope_constraint()
     assert set(IdempotencyRecord.objects.values_list("pk", "key", "state", "fingerprint")) == rows
@@ -112,8 +126,6 @@ def test_upgrade_from_the_plain_table_keeps_rows_and_claims(plain_table):
 
 
 def test_partition_records_false_keeps_the_plain_table(plain_table):
-    with override_settings(IDEMPOTENCY={"PARTITION_RECORDS": False}):
-        migrate(latest())
     assert not is_partitioned(connection) and has_scope_constraint()
     assert partitions.list_partitions(connection) == []
     sc = scope()

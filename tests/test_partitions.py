@@ -1,4 +1,4 @@
-"""The day-partitioned record table on PostgreSQL (SPEC §6; docs/retention.md).
+"""The day-partitioned record table on PostgreSQL (docs/retention.md).
 
 Uniqueness of (principal, endpoint, key) across partitions, claims straddling
 midnight with real concurrent connections, the protocol's updates on the partitioned
@@ -91,6 +91,11 @@ def day_of(offset: float = 0.0) -> dt.date:
     return (db_now() + dt.timedelta(seconds=offset)).date()
 
 
+def window_day(offset: float = 0.0) -> dt.date:
+    """The partition of a record claimed ``offset`` seconds from now: its window's end."""
+    return day_of(offset + 3 * DAY)
+
+
 # --- the table ---------------------------------------------------------------------
 
 
@@ -102,7 +107,7 @@ def test_the_table_is_range_partitioned_by_day_with_no_default_partition():
             "JOIN pg_attribute a ON a.attrelid = p.partrelid AND a.attnum = p.partattrs[0] "
             "WHERE p.partrelid = 'django_idempotency_record'::regclass"
         )
-        assert cursor.fetchone() == ("r", 0, "created_at")
+        assert cursor.fetchone() == ("r", 0, "sweep_after")
     retention.sweep()
     days = {p.day for p in partitions.list_partitions(connection) if p.attached}
     today = day_of()
@@ -111,12 +116,12 @@ def test_the_table_is_range_partitioned_by_day_with_no_default_partition():
 
 def test_rows_go_to_the_partition_of_their_day():
     won = claim(scope())
-    assert partition_of(won.record_id) == partitions.partition_name(day_of())
+    assert partition_of(won.record_id) == partitions.partition_name(window_day())
 
 
 def test_a_missing_partition_is_created_by_the_claim():
     far = 400 * DAY
-    name = partitions.partition_name(day_of(far))
+    name = partitions.partition_name(window_day(far))
     assert name not in {p.name for p in partitions.list_partitions(connection)}
     with testing.travel(far):
         won = claim(scope())
@@ -139,7 +144,7 @@ def test_concurrent_claims_creating_one_missing_partition():
     results = runner.join()
     assert all(r["won"] for r in results)
     names = {partition_of(r["id"]) for r in results}
-    assert names == {partitions.partition_name(day_of(offset))}
+    assert names == {partitions.partition_name(window_day(offset))}
 
 
 def test_claim_is_one_round_trip():
@@ -231,7 +236,7 @@ def test_a_claim_held_before_midnight_makes_the_one_after_midnight_wait():
     release.set()
     (row1,), (row2,) = first.join(), second.join()
     assert row1["won"] and not row2["won"] and row2["id"] == row1["id"]
-    assert partition_of(row1["id"]) == partitions.partition_name(day_of(midnight - 30))
+    assert partition_of(row1["id"]) == partitions.partition_name(window_day(midnight - 30))
 
 
 def _wait_for_advisory_lock_waiter() -> bool:
@@ -314,7 +319,7 @@ def test_takeover_across_midnight_keeps_the_row_in_its_day():
             done(first)  # the stale owner is fenced
         done(second, b"second")
     assert second.record_id == first.record_id
-    assert partition_of(second.record_id) == partitions.partition_name(day_of(midnight - 5))
+    assert partition_of(second.record_id) == partitions.partition_name(window_day(midnight - 5))
     record = IdempotencyRecord.objects.get(key=sc.key)
     assert record.state == RecordState.COMPLETED and bytes(record.response_body) == b"second"
 
@@ -336,7 +341,7 @@ def test_past_retention_a_fresh_row_replaces_the_old_one_in_todays_partition():
     with testing.travel(2 * DAY + 60):
         fresh = claim(sc, OTHER_FP, retention_s=DAY)
         assert isinstance(fresh, store.Claim) and not fresh.taken_over
-        new_day = partitions.partition_name(day_of())
+        new_day = partitions.partition_name(day_of(DAY))  # where its new window ends
     assert fresh.record_id != won.record_id
     record = IdempotencyRecord.objects.get(key=sc.key)
     assert record.pk == fresh.record_id and record.fingerprint == OTHER_FP
@@ -399,15 +404,17 @@ def test_sweep_drops_whole_days_past_max_retention_and_creates_days_ahead():
     assert again.dropped == [] and again.created == []
 
 
-def test_the_kept_days_follow_max_retention():
+def test_max_retention_never_shortens_a_window():
+    """Lowering MAX_RETENTION in a deploy keeps every record for its own window."""
     with testing.travel(-3 * DAY):
-        three_days_old = claim(scope())
-    with override_idempotency(MAX_RETENTION=5 * DAY):
-        retention.sweep()
-        assert IdempotencyRecord.objects.filter(pk=three_days_old.record_id).exists()
+        long_window = claim(scope(), retention_s=5 * DAY)
     with override_idempotency(MAX_RETENTION=DAY, RETENTION=3600):
-        retention.sweep()
-    assert not IdempotencyRecord.objects.filter(pk=three_days_old.record_id).exists()
+        report = retention.sweep()
+        assert IdempotencyRecord.objects.filter(pk=long_window.record_id).exists()
+        with testing.travel(3 * DAY):
+            retention.sweep()
+    assert not IdempotencyRecord.objects.filter(pk=long_window.record_id).exists()
+    assert not report.errors
 
 
 def override_idempotency(**values):

@@ -1,4 +1,4 @@
-"""Partition the record table by day on PostgreSQL (SPEC §6; docs/retention.md).
+"""Partition the record table by day on PostgreSQL (docs/retention.md).
 
 Database-only: the model state does not change, so ``makemigrations --check`` stays
 clean, and SQLite (or any other backend) keeps the plain table. On PostgreSQL 14+
@@ -7,8 +7,9 @@ this migration is applied; the store detects the table's kind per connection, so
 setting only matters at ``migrate`` time. To switch later, migrate
 ``django_idempotency 0002`` and back to this migration with the setting changed.
 
-Rows created before the sweeper's cutoff (older than the longest retention window)
-are not copied: the first sweep would drop them anyway.
+Every row is copied (a record inside its window or lease must never be lost); the
+sweeper forgets what is past both. Migration 0004 then moves the table to partitions
+by the day each record's window ends.
 """
 
 import datetime as dt
@@ -17,14 +18,12 @@ import warnings
 from django.db import migrations
 
 
-def _now_and_days(connection):
+def _days(connection):
     from django_idempotency import retention
     from django_idempotency.conf import conf
 
-    now = retention.store_now(connection)
-    today = now.date()
-    days = [today + dt.timedelta(days=n) for n in range(max(conf.partitions_ahead, 0) + 1)]
-    return retention.cutoff_for(now), days
+    today = retention.store_now(connection).date()
+    return [today + dt.timedelta(days=n) for n in range(max(conf.partitions_ahead, 0) + 1)]
 
 
 def partition(apps, schema_editor):
@@ -45,10 +44,9 @@ def partition(apps, schema_editor):
         )
         return
     if is_partitioned(connection):
-        partitions.install_functions(connection)
+        partitions.install_functions(connection, version=1)
         return
-    keep_since, days = _now_and_days(connection)
-    partitions.to_partitioned(connection, keep_since=keep_since, days=days)
+    partitions.to_partitioned(connection, keep_since=None, days=_days(connection), version=1)
 
 
 def unpartition(apps, schema_editor):
@@ -70,5 +68,9 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        migrations.RunPython(partition, unpartition, elidable=False),
+        # The hints let a database router that routes by model skip this migration
+        # on databases that do not hold the record table.
+        migrations.RunPython(
+            partition, unpartition, elidable=False, hints={"model_name": "idempotencyrecord"}
+        ),
     ]

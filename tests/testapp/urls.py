@@ -25,5 +25,6 @@ urlpatterns = [
     path("notify", views.notify),
     path("ship", views.ship),
     path("phased-optional", views.phased_optional),
+    path("notify-slow", views.notify_slow),
     *router.urls,
 ]

@@ -276,3 +276,13 @@ def phased_optional(request):
         with idem.phase("b"):
             Widget.objects.create(name=idem.derive_key("b")[:20])
     return Response({"ok": True}, status=201)
+
+
+@idempotent(lease=5)
+@api_view(["POST"])
+def notify_slow(request):
+    """Enqueues a message (default dedup key), then holds at the gate, uncommitted."""
+    widget = Widget.objects.create(name="notify-slow")
+    message = outbox.enqueue("widget.created", {"id": widget.pk})
+    _gate(request)
+    return Response({"message": message.pk, "key": message.dedup_key}, status=201)

@@ -1,4 +1,4 @@
-"""``manage.py idempotency_sweep``: the retention sweeper without Celery (SPEC §6)."""
+"""``manage.py idempotency_sweep``: the retention sweeper without Celery (docs/retention.md)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,11 @@ class Command(BaseCommand):
     """Create partitions ahead, drop or delete expired days, sweep sent outbox messages."""
 
     help = (
-        "Forget idempotency records older than the longest retention window "
-        "(IDEMPOTENCY['MAX_RETENTION']) and sent outbox messages older than "
-        "OUTBOX_RETENTION. On a partitioned PostgreSQL table it creates the partitions "
-        "ahead and drops whole days; elsewhere it deletes in batches. Safe to run twice "
+        "Forget idempotency records whose own retention window and lease are over, "
+        "and sent outbox messages older than OUTBOX_RETENTION. On a partitioned "
+        "PostgreSQL table it creates the partitions ahead and drops whole past days "
+        "(keeping a day while a record in it is still live); elsewhere it deletes in "
+        "batches. Safe to run twice "
         "at once and to re-run. With --dry-run it only reports what it would do."
     )
 
@@ -43,8 +44,13 @@ class Command(BaseCommand):
 
         self.stdout.write(
             f"{'Dry run: ' if dry else ''}database {report.database!r} ({report.method}); "
-            f"now {report.now:%Y-%m-%d %H:%M:%S} UTC; records created before "
-            f"{report.cutoff:%Y-%m-%d %H:%M} UTC are past retention."
+            f"now {report.now:%Y-%m-%d %H:%M:%S} UTC; records whose window and lease "
+            "are over are forgotten"
+            + (
+                f" (days ending by {report.cutoff:%Y-%m-%d %H:%M} UTC)."
+                if report.method == "partitions"
+                else "."
+            )
         )
         for day in report.created:
             self.stdout.write(f"{verb('create', 'Created')} partition for {day:%Y-%m-%d}.")
@@ -60,6 +66,8 @@ class Command(BaseCommand):
         for singular, plural, count in counts:
             noun = ngettext(singular, plural, count)
             self.stdout.write(f"{verb('delete', 'Deleted')} {count} {noun}.")
+        for name in report.held:
+            self.stdout.write(f"Kept partition {name}: a record in it is still live.")
         for error in report.errors:
             self.stderr.write(f"Not dropped this time: {error}")
         if report.errors:
