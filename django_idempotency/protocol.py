@@ -22,7 +22,7 @@ from django.http.multipartparser import MultiPartParserError
 from django.http.request import RawPostDataException
 from django.http.response import HttpResponseBase
 
-from . import fingerprint, problems, signals, store
+from . import fingerprint, problems, signals, store, transactions
 from .conf import conf
 from .keys import HEADER, InvalidKey, parse_key
 from .logging import key_hash
@@ -190,10 +190,13 @@ def begin(request: Any, options: Options, *, view_name: str) -> Bypass | Respond
     if isinstance(fp, Respond):
         return fp
     scope = store.Scope(_fit(str(principal)), endpoint_for(http, options, view_name), key)
-    return _claim(scope, fp, options)
+    using = store.database_for_write()
+    if transactions.outer_block(using):  # the claim could not commit on its own
+        transactions.warn_outer(scope.endpoint, view_name, using)
+    return _claim(scope, fp, options, using)
 
 
-def _claim(scope: store.Scope, fp: str, options: Options) -> Respond | Proceed:
+def _claim(scope: store.Scope, fp: str, options: Options, using: str) -> Respond | Proceed:
     signal_kwargs = {
         "principal": scope.principal,
         "endpoint": scope.endpoint,
@@ -204,7 +207,11 @@ def _claim(scope: store.Scope, fp: str, options: Options) -> Respond | Proceed:
     while True:
         try:
             result = store.claim(
-                scope, fp, lease=options.get_lease(), retention=options.get_retention()
+                scope,
+                fp,
+                lease=options.get_lease(),
+                retention=options.get_retention(),
+                using=using,
             )
         except (DatabaseError, InterfaceError) as exc:
             signals.store_failed.send(scope.endpoint, error=exc, **signal_kwargs)
