@@ -1,4 +1,6 @@
-"""Request in, decision out: proceed, replay, 409, 422 or 400 (SPEC §2-§4). No DRF.
+"""Request in, decision out: proceed, replay, 409, 422 or 400. No DRF.
+
+The order of the decisions is documented in docs/protocol.md.
 
 :func:`begin` reads the key, resolves the scope, fingerprints the request and claims
 the key. What happens once a request owns a key (the view in ``transaction.atomic()``,
@@ -72,7 +74,7 @@ _NAMED_GROUP = re.compile(r"\(\?P<(\w+)>(?:[^()]|\([^()]*\))*\)")
 
 
 def normalise_route(route: str) -> str:
-    """A URL pattern in the ``/v1/workers/{id}/reboot`` form (SPEC §3).
+    """A URL pattern in the ``/v1/workers/{id}/reboot`` form (docs/concepts.md).
 
     ``<int:pk>`` (``path()``) and ``(?P<pk>[^/.]+)`` (``re_path()``, DRF routers)
     both become ``{pk}``; regex anchors and a leading slash are dropped.
@@ -82,7 +84,7 @@ def normalise_route(route: str) -> str:
 
 
 def endpoint_for(request: HttpRequest, options: Options, view_name: str) -> str:
-    """The endpoint of ``request``: ``"METHOD /route"`` (SPEC §3).
+    """The endpoint of ``request``: ``"METHOD /route"`` (docs/concepts.md).
 
     The route is the URL pattern that matched, normalised (``v1/workers/{pk}/reboot``),
     so one view serving many resources is one endpoint; the fingerprint tells the
@@ -167,6 +169,10 @@ def begin(request: Any, options: Options, *, view_name: str) -> Bypass | Respond
         :class:`Bypass`, :class:`Respond` (replay or problem+json) or :class:`Proceed`
         with a claim. Never raises for a client mistake; a failing store gives a 503
         (fail closed: the view does not run without a claim).
+
+    Warns:
+        transactions.OuterTransactionWarning: the claim is made inside an ``atomic()``
+            block the app did not open (once per endpoint per process, docs/faq.md).
     """
     http: HttpRequest = getattr(request, "_request", request)
     if (http.method or "").upper() in SAFE_METHODS:

@@ -30,6 +30,8 @@ logger = logging.getLogger("django_idempotency")
 #: (psycopg's ``pq.TransactionStatus.INERROR``, psycopg2's ``TRANSACTION_STATUS_INERROR``).
 _INERROR = 3
 
+_FAQ = "https://django-idempotency.readthedocs.io/en/stable/faq/#outer-transaction"
+
 _warned: set[str] = set()
 _warned_lock = threading.Lock()
 
@@ -39,7 +41,8 @@ class OuterTransactionWarning(RuntimeWarning):
 
     The claim then joins that transaction and becomes visible to other requests only
     when it commits: a duplicate waits for the original instead of getting the 409
-    ``request-in-flight``. Emitted once per endpoint per process; see docs/faq.md.
+    ``request-in-flight``. Emitted once per endpoint per process; see docs/faq.md
+    ("Duplicates wait instead of getting a 409").
     """
 
 
@@ -79,7 +82,7 @@ def outer_block(using: str) -> bool:
     """Whether ``using`` is inside an ``atomic()`` block someone else opened.
 
     Neither the blocks of a test case (Django marks them ``_from_testcase``) nor the
-    app's own (:func:`atomic`) count.
+    app's own (:func:`atomic`) count. No query is sent.
     """
     connection = connections[using]
     if not connection.in_atomic_block:
@@ -125,8 +128,7 @@ def warn_outer(endpoint: str, view_name: str, using: str) -> None:
         f"{view_name} ({endpoint}) claimed its Idempotency-Key inside a transaction "
         f"the app did not open ({cause}): the claim is not visible to other requests "
         "until that transaction commits, so a duplicate waits for the original instead "
-        f"of getting a 409 request-in-flight. {fix} See the FAQ of django-idempotency "
-        "('Duplicates wait instead of getting a 409')."
+        f"of getting a 409 request-in-flight. {fix} See {_FAQ}"
     )
     logger.warning(message, extra={"endpoint": endpoint})
     warnings.warn(message, OuterTransactionWarning, stacklevel=2)

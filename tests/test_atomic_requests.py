@@ -1,4 +1,4 @@
-"""Projects with ATOMIC_REQUESTS = True (SPEC §4): the claim still commits on its own."""
+"""Projects with ATOMIC_REQUESTS = True: the claim still commits on its own."""
 
 from __future__ import annotations
 

@@ -154,7 +154,7 @@ async def async_view(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"id": widget.pk}, status=201)
 
 
-# --- Phases and outbox (SPEC §5) ---------------------------------------------------
+# --- Phases and outbox (docs/phases.md) --------------------------------------------
 
 
 class FakeHypervisor:
