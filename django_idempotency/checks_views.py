@@ -1,4 +1,4 @@
-"""System checks that walk the URLconf: idempotent views (W001, W002, E008).
+"""System checks that walk the URLconf: idempotent views (W001, W002, W005, E008).
 
 Each check is documented in ``docs/checks.md`` with its fix.
 """
@@ -11,6 +11,7 @@ from typing import Any
 from django.apps import AppConfig
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.db import transaction
 from django.urls import URLPattern, URLResolver, get_resolver
 
 from .conf import conf
@@ -180,3 +181,144 @@ def check_mixin_actions(
                 )
             )
     return errors
+
+
+def _is_atomic(value: object) -> bool:
+    return value is transaction.atomic or isinstance(value, transaction.Atomic)
+
+
+def _closure(func: Any) -> list[Any]:
+    """The values ``func`` closes over (empty cells left out)."""
+    values = []
+    for cell in getattr(func, "__closure__", None) or ():
+        try:
+            values.append(cell.cell_contents)
+        except ValueError:  # an empty cell
+            continue
+    return values
+
+
+def _atomic_wrapper(func: Any) -> bool:
+    """Whether ``func`` is the wrapper ``transaction.atomic`` leaves as a decorator.
+
+    ``@transaction.atomic`` (a ``ContextDecorator``) returns a function closing over
+    its ``Atomic`` instance; ``@method_decorator(transaction.atomic)`` one closing over
+    the list of decorators it applies. Both set ``__wrapped__``.
+    """
+    for value in _closure(func):
+        if _is_atomic(value):
+            return True
+        if isinstance(value, (list, tuple)) and any(_is_atomic(v) for v in value):
+            return True
+    return False
+
+
+def _idempotent_wrapper(func: Any) -> bool:
+    """Whether ``func`` is the function ``@idempotent`` returned (not a copy above it)."""
+    inner = getattr(func, "__wrapped__", None)
+    return hasattr(func, "_idempotency_options") and not hasattr(inner, "_idempotency_options")
+
+
+def _atomic_above_idempotent(func: Any) -> bool:
+    """Whether an atomic wrapper sits above ``@idempotent`` among ``func``'s decorators."""
+    atomic = False
+    for _depth in range(32):  # a chain of decorators, never a cycle
+        if func is None:
+            return False
+        if _atomic_wrapper(func):
+            atomic = True
+        elif _idempotent_wrapper(func):
+            return atomic
+        inner = getattr(func, "__wrapped__", None)
+        if inner is None:  # DRF's @api_view handler calls the function it closes over
+            called = [value for value in _closure(func) if callable(value)]
+            inner = called[0] if len(called) == 1 else None
+        func = inner
+    return False
+
+
+def _atomic_chain(func: Any) -> bool:
+    """Whether ``func`` or a function it wraps is an atomic wrapper."""
+    for _depth in range(32):
+        if func is None:
+            return False
+        if _atomic_wrapper(func):
+            return True
+        func = getattr(func, "__wrapped__", None)
+    return False
+
+
+def _handlers(view_class: type) -> list[str]:
+    """Names of a class's handlers that may claim: HTTP methods and decorated methods."""
+    names = set(getattr(view_class, "http_method_names", ()))
+    names.update(
+        n for n in dir(view_class) if hasattr(getattr(view_class, n, None), "_idempotency_options")
+    )
+    return sorted(names)
+
+
+def _class_is_idempotent(view_class: type) -> bool:
+    return (
+        hasattr(view_class, "idempotency_options_for")  # IdempotentMixin
+        or (view_class.__module__, view_class.__name__) in DECORATED  # below @api_view
+        or any(
+            hasattr(getattr(view_class, name, None), "_idempotency_options")
+            for name in dir(view_class)
+        )
+    )
+
+
+def _outer_atomic(callback: Any) -> tuple[Any, str] | None:
+    """(object, where) when a ``transaction.atomic`` decorator wraps a claim of a URL."""
+    view_class = getattr(callback, "view_class", None) or getattr(callback, "cls", None)
+    if view_class is None:
+        return (callback, "the view function") if _atomic_above_idempotent(callback) else None
+    if _class_is_idempotent(view_class):
+        if _atomic_chain(callback):
+            return view_class, "the view returned by as_view()"
+        if _atomic_chain(getattr(view_class, "dispatch", None)):
+            return view_class, "its dispatch method"
+    for name in _handlers(view_class):
+        if _atomic_above_idempotent(getattr(view_class, name, None)):
+            return view_class, f"its {name} method"
+    return None
+
+
+@register(Tags.urls)
+def check_outer_atomic(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """W005: ``transaction.atomic`` above ``@idempotent``: claims join that transaction.
+
+    The claim must commit on its own, before the view runs, for a duplicate to get a
+    fast 409; inside an outer ``atomic()`` it becomes visible only when that block
+    commits. Seen statically: ``transaction.atomic`` used as a decorator (on the
+    function, on a handler, on ``dispatch`` through ``method_decorator``, or around
+    ``as_view()``). A ``with transaction.atomic()`` in a caller or a middleware is seen
+    at run time only (``transactions.OuterTransactionWarning``).
+    """
+    warnings: list[CheckMessage] = []
+    seen: set[int] = set()
+    for pattern in _patterns(get_resolver().url_patterns):
+        found = _outer_atomic(pattern.callback)
+        if found is None or id(found[0]) in seen:
+            continue
+        obj, where = found
+        seen.add(id(obj))
+        name = obj.__qualname__
+        if name.endswith("WrappedAPIView"):  # @api_view's class is named after the function
+            name = obj.__name__
+        warnings.append(
+            Warning(
+                f"{obj.__module__}.{name} is idempotent, but {where} is wrapped "
+                "in transaction.atomic above the claim, so its claims cannot commit on their "
+                "own: duplicates will wait for the original instead of getting a 409.",
+                hint="Remove that transaction.atomic: @idempotent already runs the view in "
+                "transaction.atomic() and commits the stored response with its writes. If "
+                "the view needs its own block, put @transaction.atomic below @idempotent "
+                "(or use `with transaction.atomic()` inside the handler).",
+                obj=obj,
+                id="django_idempotency.W005",
+            )
+        )
+    return warnings

@@ -1,9 +1,17 @@
-"""A claimed request: run the view once and settle the claim (SPEC §4, §5).
+"""A claimed request: run the view once and settle the claim (docs/protocol.md).
 
 :func:`execute` runs the view in ``transaction.atomic()`` and, in the same
 transaction, completes the record fenced by the owner token; a release status or an
 exception rolls everything back and releases the key; a lost lease rolls back and
 answers 409. Phased views (``phases=[...]``) hand over to ``phases.execute``.
+
+What the view does to its own transaction is the view's outcome, answered as it would
+be without the app: a transaction the view doomed (``set_rollback(True)``, a
+PostgreSQL transaction aborted by a statement it caught) rolls back and its response
+is returned unstored; an ``IntegrityError`` at ``COMMIT`` (a deferred constraint the
+view's writes violate: the record table has none) is the view's exception. Only a
+failure of the record's own statements (the completing ``UPDATE``, a connection lost
+at ``COMMIT``) is a store failure, answered 503 (docs/robustness.md).
 """
 
 from __future__ import annotations
@@ -12,10 +20,10 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from django.db import DatabaseError, InterfaceError, transaction
+from django.db import DatabaseError, IntegrityError, InterfaceError
 from django.http.response import HttpResponseBase
 
-from . import phases, problems, signals, store
+from . import phases, problems, signals, store, transactions
 from .conf import conf
 from .context import IdempotencyContext, UnprotectedContext
 from .logging import key_hash
@@ -56,7 +64,7 @@ def execute(
     call: Callable[[], HttpResponseBase],
     finalize: Callable[[HttpResponseBase], HttpResponseBase],
 ) -> HttpResponseBase:
-    """Run the view once for a claimed key and settle the claim (SPEC §4, §5).
+    """Run the view once for a claimed key and settle the claim (docs/protocol.md).
 
     Args:
         proceed: the claim from :func:`begin`.
@@ -65,12 +73,16 @@ def execute(
         finalize: renders the response to bytes (DRF negotiation, templates).
 
     Returns:
-        The view's response; a rebuilt copy if it was streaming; the 409 lease-lost
-        problem if the completion was fenced off (everything rolled back).
+        The view's response; a rebuilt copy if it was streaming; the view's response
+        unstored (key released) if the view doomed its transaction; the 409
+        lease-lost problem if the completion was fenced off (everything rolled back);
+        the 503 store-unavailable problem if the store failed while completing.
 
     Raises:
         Whatever the view raised, after rolling back and releasing the key (a phased
-        view that finished a phase keeps its claim instead: docs/phases.md).
+        view that finished a phase keeps its claim instead: docs/phases.md); the
+        ``IntegrityError`` of a deferred constraint the view's writes violated, raised
+        at ``COMMIT``, the same way.
     """
     claim, options = proceed.claim, proceed.options
     context = IdempotencyContext(claim, lease=options.get_lease(), phases=options.phases)
@@ -115,18 +127,23 @@ def _execute_atomic(
     call: Callable[[], HttpResponseBase],
     finalize: Callable[[HttpResponseBase], HttpResponseBase],
 ) -> HttpResponseBase:
-    """The view and its completion in one ``transaction.atomic()`` block (SPEC §4)."""
-    completing = False
+    """The view and its completion in one ``transaction.atomic()`` block."""
+    stage = "view"  # then "complete" (our UPDATE), then "commit" (the block's exit)
     try:
-        with transaction.atomic(using=claim.using):
+        with transactions.atomic(claim.using):
             response = finalize(call())
             if options.should_release(response.status_code):
                 raise _Release(response)
+            doomed = transactions.doomed(claim.using)
+            if doomed:
+                _log_doomed(claim, doomed, response.status_code)
+                raise _Release(response)  # nothing of it can commit: nothing to store
             stored = snapshot(response, options.get_replay_headers())
             if getattr(response, "streaming", False):
                 response = rebuild_consumed(response, stored)
-            completing = True
+            stage = "complete"
             store.complete(claim, stored)
+            stage = "commit"
     except _Release as release:
         _release(claim, release.response.status_code)
         return release.response
@@ -134,14 +151,34 @@ def _execute_atomic(
         return _lease_lost(claim)
     except (DatabaseError, InterfaceError) as exc:
         _release(claim, None)
-        if not completing:
-            raise  # the view's own database error: the view's 500
+        if stage == "view" or (stage == "commit" and isinstance(exc, IntegrityError)):
+            raise  # the view's own database error, or its data refused at COMMIT: a 500
         return _completion_failed(claim, exc)
     except BaseException:
         _release(claim, None)
         raise
     signals.completed.send(claim.scope.endpoint, status=stored.status, **_kw(claim))
     return response
+
+
+def _log_doomed(claim: store.Claim, reason: str, status: int) -> None:
+    """Log a view's response that cannot be stored because its transaction is doomed."""
+    extra = {"principal": claim.scope.principal, "endpoint": claim.scope.endpoint}
+    if reason == "rollback":  # deliberate: transaction.set_rollback(True)
+        logger.info(
+            "the view marked its transaction for rollback: its %d response is returned "
+            "unstored and the key released",
+            status,
+            extra=extra,
+        )
+        return
+    logger.warning(
+        "the view caught a database error without a savepoint, which aborted its "
+        "transaction: nothing was committed, its %d response is returned unstored and "
+        "the key released. Wrap the statement that may fail in transaction.atomic().",
+        status,
+        extra=extra,
+    )
 
 
 def _completion_failed(claim: store.Claim, exc: BaseException) -> HttpResponseBase:

@@ -1,4 +1,4 @@
-"""Atomic phases, recovery points and derived keys (SPEC §5).
+"""Atomic phases, recovery points and derived keys (docs/phases.md).
 
 A view declared with ``@idempotent(phases=["allocated", "leased", "booted"])`` runs
 outside one big transaction. Each ``with request.idempotency.phase(name):`` block is a
@@ -125,6 +125,11 @@ def position(phases: tuple[str, ...], name: str) -> int:
 def phase_block(context: IdempotencyContext, name: str) -> Iterator[None]:
     """The transaction of phase ``name``; see ``IdempotencyContext.phase``.
 
+    A body that leaves its transaction unable to commit (``set_rollback(True)``, or on
+    PostgreSQL a database error caught without a savepoint) rolls the phase back, as
+    ``atomic()`` would: nothing of it commits, the recovery point stays, and the phase
+    is still pending.
+
     Raises:
         PhaseError: the view declared no phases, ``name`` is unknown, already finished
             or not after the recovery point, or another phase is open.
@@ -144,15 +149,32 @@ def phase_block(context: IdempotencyContext, name: str) -> Iterator[None]:
             f"and must not run again: guard it with "
             f"`if request.idempotency.pending({name!r}):`."
         )
-    from . import store
+    from . import store, transactions
 
+    using = context.claim.using
+    doomed = ""
     context.open_phase = name
     try:
-        with transaction.atomic(using=context.claim.using, durable=True):
+        with transactions.atomic(using, durable=True):
             yield
-            store.advance(context.claim, name)
+            doomed = transactions.doomed(using)
+            if doomed:  # the view's choice: the phase rolls back, as an atomic() would
+                transaction.set_rollback(True, using=using)
+            else:
+                store.advance(context.claim, name)
     finally:
         context.open_phase = ""
+    if doomed:
+        logger.warning(
+            "phase %r rolled back by the view (%s): nothing of it committed and it is "
+            "still pending",
+            name,
+            "transaction.set_rollback(True)"
+            if doomed == "rollback"
+            else "a database error caught without a savepoint",
+            extra={"principal": context.principal, "endpoint": context.endpoint},
+        )
+        return
     context.recovery_point = name
 
 
@@ -163,7 +185,7 @@ def execute(
     finalize: Callable[[HttpResponseBase], HttpResponseBase],
     release: Callable[[store.Claim, int | None], None],
 ) -> tuple[HttpResponseBase, store.StoredResponse | None]:
-    """Run a phased view for a claimed key and settle the claim (SPEC §5).
+    """Run a phased view for a claimed key and settle the claim (docs/phases.md).
 
     The view is not wrapped in a transaction: its phases commit one by one. Then:
 
@@ -208,7 +230,7 @@ def execute(
     if getattr(response, "streaming", False):
         response = rebuild_consumed(response, stored)
     try:
-        with transaction.atomic(using=claim.using):
+        with transaction.atomic(using=claim.using):  # no view code runs in it
             store.complete(claim, stored)
     except store.LeaseLost:
         raise

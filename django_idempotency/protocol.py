@@ -1,4 +1,6 @@
-"""Request in, decision out: proceed, replay, 409, 422 or 400 (SPEC §2-§4). No DRF.
+"""Request in, decision out: proceed, replay, 409, 422 or 400. No DRF.
+
+The order of the decisions is documented in docs/protocol.md.
 
 :func:`begin` reads the key, resolves the scope, fingerprints the request and claims
 the key. What happens once a request owns a key (the view in ``transaction.atomic()``,
@@ -22,7 +24,7 @@ from django.http.multipartparser import MultiPartParserError
 from django.http.request import RawPostDataException
 from django.http.response import HttpResponseBase
 
-from . import fingerprint, problems, signals, store
+from . import fingerprint, problems, signals, store, transactions
 from .conf import conf
 from .keys import HEADER, InvalidKey, parse_key
 from .logging import key_hash
@@ -72,7 +74,7 @@ _NAMED_GROUP = re.compile(r"\(\?P<(\w+)>(?:[^()]|\([^()]*\))*\)")
 
 
 def normalise_route(route: str) -> str:
-    """A URL pattern in the ``/v1/workers/{id}/reboot`` form (SPEC §3).
+    """A URL pattern in the ``/v1/workers/{id}/reboot`` form (docs/concepts.md).
 
     ``<int:pk>`` (``path()``) and ``(?P<pk>[^/.]+)`` (``re_path()``, DRF routers)
     both become ``{pk}``; regex anchors and a leading slash are dropped.
@@ -82,7 +84,7 @@ def normalise_route(route: str) -> str:
 
 
 def endpoint_for(request: HttpRequest, options: Options, view_name: str) -> str:
-    """The endpoint of ``request``: ``"METHOD /route"`` (SPEC §3).
+    """The endpoint of ``request``: ``"METHOD /route"`` (docs/concepts.md).
 
     The route is the URL pattern that matched, normalised (``v1/workers/{pk}/reboot``),
     so one view serving many resources is one endpoint; the fingerprint tells the
@@ -167,6 +169,10 @@ def begin(request: Any, options: Options, *, view_name: str) -> Bypass | Respond
         :class:`Bypass`, :class:`Respond` (replay or problem+json) or :class:`Proceed`
         with a claim. Never raises for a client mistake; a failing store gives a 503
         (fail closed: the view does not run without a claim).
+
+    Warns:
+        transactions.OuterTransactionWarning: the claim is made inside an ``atomic()``
+            block the app did not open (once per endpoint per process, docs/faq.md).
     """
     http: HttpRequest = getattr(request, "_request", request)
     if (http.method or "").upper() in SAFE_METHODS:
@@ -190,10 +196,13 @@ def begin(request: Any, options: Options, *, view_name: str) -> Bypass | Respond
     if isinstance(fp, Respond):
         return fp
     scope = store.Scope(_fit(str(principal)), endpoint_for(http, options, view_name), key)
-    return _claim(scope, fp, options)
+    using = store.database_for_write()
+    if transactions.outer_block(using):  # the claim could not commit on its own
+        transactions.warn_outer(scope.endpoint, view_name, using)
+    return _claim(scope, fp, options, using)
 
 
-def _claim(scope: store.Scope, fp: str, options: Options) -> Respond | Proceed:
+def _claim(scope: store.Scope, fp: str, options: Options, using: str) -> Respond | Proceed:
     signal_kwargs = {
         "principal": scope.principal,
         "endpoint": scope.endpoint,
@@ -204,7 +213,11 @@ def _claim(scope: store.Scope, fp: str, options: Options) -> Respond | Proceed:
     while True:
         try:
             result = store.claim(
-                scope, fp, lease=options.get_lease(), retention=options.get_retention()
+                scope,
+                fp,
+                lease=options.get_lease(),
+                retention=options.get_retention(),
+                using=using,
             )
         except (DatabaseError, InterfaceError) as exc:
             signals.store_failed.send(scope.endpoint, error=exc, **signal_kwargs)

@@ -1,4 +1,4 @@
-"""Projects with ATOMIC_REQUESTS = True (SPEC §4): the claim still commits on its own."""
+"""Projects with ATOMIC_REQUESTS = True: the claim still commits on its own."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pytest
 from django.core import checks
 from django.db import connection
 
+from django_idempotency import transactions
 from tests.concurrency import Runner, token_client
 from tests.factories import TokenFactory
 from tests.testapp.gates import HOOKS
@@ -86,11 +87,16 @@ def test_no_w001_without_atomic_requests():
 
 
 def test_decorated_class_view_inside_atomic_requests_is_still_correct(atomic_requests, token):
-    """Not exempted: the claim joins the request's transaction; still executes once."""
+    """Not exempted: the claim joins the request's transaction (W001, and a warning at
+    run time); still executes once."""
     widget = Widget.objects.create(name="r")
     client = token_client(token)
     key = str(uuid.uuid4())
-    first = client.post(f"/widgets/{widget.pk}/reboot", {}, format="json", HTTP_IDEMPOTENCY_KEY=key)
+    transactions.reset_warnings()
+    with pytest.warns(transactions.OuterTransactionWarning, match="ATOMIC_REQUESTS"):
+        first = client.post(
+            f"/widgets/{widget.pk}/reboot", {}, format="json", HTTP_IDEMPOTENCY_KEY=key
+        )
     again = client.post(f"/widgets/{widget.pk}/reboot", {}, format="json", HTTP_IDEMPOTENCY_KEY=key)
     assert first.status_code == 200 and again["Idempotent-Replayed"] == "true"
     widget.refresh_from_db()

@@ -127,3 +127,94 @@ def test_production_checks_are_registered():
         "check_sweeper_scheduled_in_database",
         "check_response_size",
     } <= names
+
+
+# --- W005 (transaction.atomic above @idempotent) -----------------------------------
+
+from django.db import transaction  # noqa: E402
+from django.utils.decorators import method_decorator  # noqa: E402
+from rest_framework.decorators import api_view  # noqa: E402
+from rest_framework.response import Response  # noqa: E402
+from rest_framework.views import APIView  # noqa: E402
+
+from django_idempotency import IdempotentMixin, idempotent  # noqa: E402
+from django_idempotency.checks_views import _outer_atomic, check_outer_atomic  # noqa: E402
+
+
+def test_w005_atomic_above_idempotent_in_the_urlconf():
+    messages = check_outer_atomic()
+    assert ids(messages) == ["django_idempotency.W005"] * len(messages)
+    flagged = {m.obj.__name__ for m in messages}
+    # @api_view above @transaction.atomic above @idempotent, and a plain function view.
+    assert flagged == {"atomic_above", "atomic_above_plain"}
+    assert all("below @idempotent" in m.hint for m in messages)
+    assert any(m.msg.startswith("tests.testapp.views.atomic_above is idempotent") for m in messages)
+
+
+def _view(request):
+    return Response({})
+
+
+class _Reboot(APIView):
+    @idempotent
+    def post(self, request):
+        return Response({})
+
+
+@method_decorator(transaction.atomic, name="dispatch")
+class _AtomicDispatch(_Reboot):
+    pass
+
+
+@method_decorator(transaction.atomic, name="dispatch")
+class _AtomicMixinDispatch(IdempotentMixin, APIView):
+    def post(self, request):
+        return Response({})
+
+
+class _AtomicHandler(APIView):
+    @method_decorator(transaction.atomic(using="default"))
+    @idempotent
+    def post(self, request):
+        return Response({})
+
+
+class _HandlerAtomicBelow(APIView):
+    @idempotent
+    @method_decorator(transaction.atomic)
+    def post(self, request):
+        return Response({})
+
+
+@pytest.mark.parametrize(
+    ("callback", "where"),
+    [
+        (transaction.atomic(idempotent(_view)), "the view function"),
+        (api_view(["POST"])(transaction.atomic(idempotent(_view))), "its post method"),
+        (transaction.atomic(api_view(["POST"])(idempotent(_view))), "as_view()"),
+        (transaction.atomic(_Reboot.as_view()), "as_view()"),
+        (_AtomicDispatch.as_view(), "its dispatch method"),
+        (_AtomicMixinDispatch.as_view(), "its dispatch method"),
+        (_AtomicHandler.as_view(), "its post method"),
+    ],
+)
+def test_w005_sees_atomic_decorators_above_the_claim(callback, where):
+    found = _outer_atomic(callback)
+    assert found is not None and where in found[1]
+
+
+@pytest.mark.parametrize(
+    "callback",
+    [
+        idempotent(transaction.atomic(_view)),
+        idempotent(_view),
+        idempotent(api_view(["POST"])(transaction.atomic(_view))),
+        api_view(["POST"])(idempotent(transaction.atomic(_view))),
+        transaction.atomic(_view),  # not idempotent: nothing to say
+        _Reboot.as_view(),
+        _HandlerAtomicBelow.as_view(),
+        transaction.non_atomic_requests(idempotent(_view)),
+    ],
+)
+def test_w005_silent_without_atomic_above_the_claim(callback):
+    assert _outer_atomic(callback) is None

@@ -27,4 +27,12 @@ urlpatterns = [
     path("phased-optional", views.phased_optional),
     path("notify-slow", views.notify_slow),
     *router.urls,
+    path("tx/rolls-back", views.rolls_back),
+    path("tx/deferred", views.deferred_violation),
+    path("tx/caught", views.caught_error),
+    path("tx/integrity", views.integrity_error),
+    path("tx/phase-rolls-back", views.phase_rolls_back),
+    path("tx/atomic-above", views.atomic_above),
+    path("tx/atomic-above-plain", views.atomic_above_plain),
+    path("tx/atomic-below", views.atomic_below),
 ]

@@ -154,7 +154,7 @@ async def async_view(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"id": widget.pk}, status=201)
 
 
-# --- Phases and outbox (SPEC §5) ---------------------------------------------------
+# --- Phases and outbox (docs/phases.md) --------------------------------------------
 
 
 class FakeHypervisor:
@@ -286,3 +286,106 @@ def notify_slow(request):
     message = outbox.enqueue("widget.created", {"id": widget.pk})
     _gate(request)
     return Response({"message": message.pk, "key": message.dedup_key}, status=201)
+# --- The view's own transaction outcomes (tests/test_view_transactions.py) ----------
+
+
+@api_view(["POST"])
+@idempotent
+def rolls_back(request):
+    """Writes a Widget, then asks for its transaction to roll back and answers 402."""
+    from django.db import transaction
+
+    Widget.objects.create(name="rolled-back")
+    _gate(request)
+    transaction.set_rollback(True)
+    return Response({"detail": "payment required"}, status=402)
+
+
+@api_view(["POST"])
+@idempotent
+def deferred_violation(request):
+    """Writes a Widget and a Token for a user that does not exist: the foreign key is
+    deferred (DEFERRABLE INITIALLY DEFERRED), so the violation surfaces at COMMIT."""
+    from rest_framework.authtoken.models import Token
+
+    Widget.objects.create(name="deferred")
+    _gate(request)
+    Token.objects.create(user_id=987654321)
+    return Response({"ok": True}, status=201)
+
+
+@api_view(["POST"])
+@idempotent
+def caught_error(request):
+    """Writes a Widget, then catches a failing statement without a savepoint: on
+    PostgreSQL this aborts the transaction; on SQLite it does not."""
+    from django.db import DatabaseError, connection
+
+    Widget.objects.create(name="caught")
+    _gate(request)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT no_such_column FROM testapp_widget")
+    except DatabaseError:
+        return Response({"detail": "lookup failed"}, status=400)
+    return Response({"ok": True}, status=201)
+
+
+@api_view(["POST"])
+@idempotent
+def integrity_error(request):
+    """Writes a Widget, then a second Token for the caller (one per user): the view's
+    own IntegrityError, raised at once and not caught."""
+    from rest_framework.authtoken.models import Token
+
+    Widget.objects.create(name="integrity")
+    _gate(request)
+    Token.objects.create(user=request.user)
+    return Response({"ok": True}, status=201)
+
+
+@idempotent(phases=["a", "b"])
+@api_view(["POST"])
+def phase_rolls_back(request):
+    """Phase "a" writes a Widget and asks for a rollback; the view answers 402."""
+    from django.db import transaction
+
+    idem = request.idempotency
+    with idem.phase("a"):
+        Widget.objects.create(name="phase-rolled-back")
+        _gate(request)
+        transaction.set_rollback(True)
+    return Response({"a_pending": idem.pending("a")}, status=402)
+
+
+# --- Claims inside an outer transaction (tests/test_view_transactions.py) -----------
+
+from django.db import transaction as _transaction  # noqa: E402
+
+
+@api_view(["POST"])
+@_transaction.atomic
+@idempotent
+def atomic_above(request):
+    """@transaction.atomic above @idempotent: the claim joins the outer transaction."""
+    Widget.objects.create(name="atomic-above")
+    _gate(request)
+    return Response({"ok": True}, status=201)
+
+
+@csrf_exempt
+@_transaction.atomic
+@idempotent
+def atomic_above_plain(request: HttpRequest) -> HttpResponse:
+    """A plain Django view under @transaction.atomic (session auth)."""
+    Widget.objects.create(name="atomic-above-plain")
+    return JsonResponse({"ok": True}, status=201)
+
+
+@api_view(["POST"])
+@idempotent
+@_transaction.atomic
+def atomic_below(request):
+    """@transaction.atomic below @idempotent: a savepoint inside the app's block, fine."""
+    Widget.objects.create(name="atomic-below")
+    return Response({"ok": True}, status=201)
