@@ -286,6 +286,8 @@ def notify_slow(request):
     message = outbox.enqueue("widget.created", {"id": widget.pk})
     _gate(request)
     return Response({"message": message.pk, "key": message.dedup_key}, status=201)
+
+
 # --- The view's own transaction outcomes (tests/test_view_transactions.py) ----------
 
 
