@@ -26,10 +26,12 @@ from drf_spectacular.utils import OpenApiParameter
 
 from . import problems
 from .conf import conf
+from .drf import options_for
 from .keys import HEADER
 from .options import Options
-from .protocol import SAFE_METHODS
 from .responses import REPLAYED_HEADER
+
+__all__ = ["IdempotentAutoSchema", "IdempotentSchemaMixin", "options_for"]
 
 #: Name of the problem+json schema component.
 PROBLEM_COMPONENT = "IdempotencyProblem"
@@ -53,48 +55,6 @@ _RESPONSES = {
     "lost its claim. Retry after Retry-After seconds with the same key.",
     "422": "This Idempotency-Key was already used with a different request.",
 }
-
-
-def _closure_options(handler: Any) -> Options | None:
-    """Options of an ``@idempotent`` function that DRF's ``@api_view`` closes over."""
-    func = getattr(handler, "__func__", handler)
-    for cell in getattr(func, "__closure__", None) or ():
-        try:
-            contents = cell.cell_contents
-        except ValueError:  # an empty cell
-            continue
-        options = getattr(contents, "_idempotency_options", None)
-        if isinstance(options, Options):
-            return options
-    return None
-
-
-def options_for(view: Any, method: str) -> Options | None:
-    """The idempotency options protecting ``method`` of ``view``, or ``None``.
-
-    The same precedence as at request time: a handler decorated with ``@idempotent``
-    (above or below ``@api_view``) uses its own options; otherwise an
-    ``IdempotentMixin`` view's ``idempotency_options_for(action)``.
-
-    Args:
-        view: a DRF view instance as the schema generator builds it (``action`` set
-            on ViewSets).
-        method: the HTTP method (any case).
-    """
-    method = method.lower()
-    if method.upper() in SAFE_METHODS:
-        return None
-    action = getattr(view, "action", None) or method
-    handler = getattr(view, action, None) or getattr(view, method, None)
-    if handler is None:
-        return None
-    options = getattr(handler, "_idempotency_options", None)
-    if isinstance(options, Options):
-        return options
-    options = _closure_options(handler)
-    if options is None and hasattr(view, "idempotency_options_for"):
-        options = view.idempotency_options_for(action)
-    return options
 
 
 class IdempotentSchemaMixin:

@@ -1,4 +1,4 @@
-"""Request in, decision out: proceed, replay, 409, 422 or 400 (SPEC §2-§4). No DRF.
+"""Request in, decision out: proceed, replay, 409, 422 or 400 (docs/protocol.md). No DRF.
 
 :func:`begin` reads the key, resolves the scope, fingerprints the request and claims
 the key. What happens once a request owns a key (the view in ``transaction.atomic()``,
@@ -27,7 +27,7 @@ from .conf import conf
 from .keys import HEADER, InvalidKey, parse_key
 from .logging import key_hash
 from .options import Options
-from .responses import REPLAYED_HEADER, build
+from .responses import REPLAYED_HEADER, HeaderPolicy, build
 
 logger = logging.getLogger("django_idempotency")
 
@@ -56,7 +56,13 @@ class Proceed:
     options: Options
 
 
+@dataclass(frozen=True)
+class CannotRun:
+    """The view would have to run, but the caller said it may not (nothing claimed)."""
+
+
 BYPASS = Bypass()
+CANNOT_RUN = CannotRun()
 
 
 def _fit(value: str) -> str:
@@ -72,7 +78,7 @@ _NAMED_GROUP = re.compile(r"\(\?P<(\w+)>(?:[^()]|\([^()]*\))*\)")
 
 
 def normalise_route(route: str) -> str:
-    """A URL pattern in the ``/v1/workers/{id}/reboot`` form (SPEC §3).
+    """A URL pattern in the ``/v1/workers/{id}/reboot`` form (docs/concepts.md).
 
     ``<int:pk>`` (``path()``) and ``(?P<pk>[^/.]+)`` (``re_path()``, DRF routers)
     both become ``{pk}``; regex anchors and a leading slash are dropped.
@@ -82,7 +88,7 @@ def normalise_route(route: str) -> str:
 
 
 def endpoint_for(request: HttpRequest, options: Options, view_name: str) -> str:
-    """The endpoint of ``request``: ``"METHOD /route"`` (SPEC §3).
+    """The endpoint of ``request``: ``"METHOD /route"`` (docs/concepts.md).
 
     The route is the URL pattern that matched, normalised (``v1/workers/{pk}/reboot``),
     so one view serving many resources is one endpoint; the fingerprint tells the
@@ -155,18 +161,24 @@ def _no_principal(request: Any) -> Respond:
     return respond
 
 
-def begin(request: Any, options: Options, *, view_name: str) -> Bypass | Respond | Proceed:
+def begin(
+    request: Any, options: Options, *, view_name: str, may_run: bool = True
+) -> Bypass | Respond | Proceed | CannotRun:
     """Decide what to do with ``request`` before the view runs.
 
     Args:
         request: a Django ``HttpRequest`` or a DRF ``Request`` (authenticated).
         options: the view's options.
         view_name: dotted name of the view, the endpoint when no route matched.
+        may_run: ``False`` when the view cannot run for this request (DRF found no
+            renderer for its ``Accept``): the key is only looked up, never claimed.
+            A replay, a 409 or a 422 is answered as usual; where the view would
+            have to run, :data:`CANNOT_RUN` is returned.
 
     Returns:
-        :class:`Bypass`, :class:`Respond` (replay or problem+json) or :class:`Proceed`
-        with a claim. Never raises for a client mistake; a failing store gives a 503
-        (fail closed: the view does not run without a claim).
+        :class:`Bypass`, :class:`Respond` (replay or problem+json), :class:`Proceed`
+        with a claim, or :class:`CannotRun`. Never raises for a client mistake; a
+        failing store gives a 503 (fail closed: the view does not run without a claim).
     """
     http: HttpRequest = getattr(request, "_request", request)
     if (http.method or "").upper() in SAFE_METHODS:
@@ -190,10 +202,12 @@ def begin(request: Any, options: Options, *, view_name: str) -> Bypass | Respond
     if isinstance(fp, Respond):
         return fp
     scope = store.Scope(_fit(str(principal)), endpoint_for(http, options, view_name), key)
-    return _claim(scope, fp, options)
+    return _claim(scope, fp, options, may_run=may_run)
 
 
-def _claim(scope: store.Scope, fp: str, options: Options) -> Respond | Proceed:
+def _claim(
+    scope: store.Scope, fp: str, options: Options, *, may_run: bool
+) -> Respond | Proceed | CannotRun:
     signal_kwargs = {
         "principal": scope.principal,
         "endpoint": scope.endpoint,
@@ -203,9 +217,12 @@ def _claim(scope: store.Scope, fp: str, options: Options) -> Respond | Proceed:
     delay = 0.05
     while True:
         try:
-            result = store.claim(
-                scope, fp, lease=options.get_lease(), retention=options.get_retention()
-            )
+            if may_run:
+                result: store.Claim | store.Existing | None = store.claim(
+                    scope, fp, lease=options.get_lease(), retention=options.get_retention()
+                )
+            else:
+                result = store.peek(scope, fp)
         except (DatabaseError, InterfaceError) as exc:
             signals.store_failed.send(scope.endpoint, error=exc, **signal_kwargs)
             return _problem(
@@ -214,6 +231,8 @@ def _claim(scope: store.Scope, fp: str, options: Options) -> Respond | Proceed:
                 "run. Retry later with the same key.",
                 retry_after=conf.retry_after,
             )
+        if result is None:
+            return CANNOT_RUN
         if isinstance(result, store.Claim):
             signals.claimed.send(scope.endpoint, taken_over=result.taken_over, **signal_kwargs)
             return Proceed(result, options)
@@ -226,9 +245,10 @@ def _claim(scope: store.Scope, fp: str, options: Options) -> Respond | Proceed:
             )
         if result.response is not None:
             signals.replayed.send(scope.endpoint, status=result.response.status, **signal_kwargs)
+            policy = HeaderPolicy.current(options.get_replay_headers())
             if not result.response.replayable:
-                return Respond(_too_large_to_replay(result.response))
-            return Respond(build(result.response, replayed=True))
+                return Respond(_too_large_to_replay(result.response, policy))
+            return Respond(build(result.response, replayed=True, policy=policy))
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             signals.in_flight.send(scope.endpoint, **signal_kwargs)
@@ -242,11 +262,16 @@ def _claim(scope: store.Scope, fp: str, options: Options) -> Respond | Proceed:
         delay = min(delay * 2, 0.5)
 
 
-def _too_large_to_replay(stored: store.StoredResponse) -> HttpResponseBase:
+#: Headers of the stored response that describe its body, not sent with the 410's.
+_BODY_HEADERS = ("content-", "digest", "repr-digest")
+
+
+def _too_large_to_replay(stored: store.StoredResponse, policy: HeaderPolicy) -> HttpResponseBase:
     """410 for a completed request whose body was too large to keep (MAX_RESPONSE_BYTES).
 
     The request ran and will not run again; the client gets its status and the
-    replayable headers that point at the result (Location, ETag, ...).
+    replayable headers that point at the result (Location, ETag, ...), but none that
+    describe the stored body (``Content-*``, digests): the 410 has its own.
     """
     response = problems.problem_response(
         problems.RESPONSE_TOO_LARGE,
@@ -255,8 +280,8 @@ def _too_large_to_replay(stored: store.StoredResponse) -> HttpResponseBase:
         "fetch its result instead (see the Location header, if any).",
         extensions={"original_status": stored.status},
     )
-    for name, value in stored.headers:
-        if name.lower() not in ("content-type", "content-language"):
+    for name, value in policy.filter(stored.headers):
+        if not name.lower().startswith(_BODY_HEADERS):
             response[name] = value
     response[REPLAYED_HEADER] = "true"
     return response
