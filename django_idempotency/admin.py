@@ -1,4 +1,9 @@
-"""Django admin: idempotency records (read-only) and outbox messages (bulk actions)."""
+"""Django admin: idempotency records and outbox messages, with operators' actions.
+
+Records are read-only; operators end the lease of stuck claims and forget stored
+responses (each action with a confirmation page). Outbox messages are read-only too;
+operators retry, dead-letter or purge them in bulk. See docs/admin.md.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +11,21 @@ import json
 from typing import Any
 
 from django.contrib import admin
+from django.contrib.admin import helpers
+from django.contrib.auth import get_permission_codename
+from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.template.response import TemplateResponse
+from django.urls import NoReverseMatch, reverse
 from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from . import outbox, relay, store
 from .models import IdempotencyRecord, OutboxMessage, OutboxState, RecordState
+
+#: Longest key shown in full in the record list (the detail page shows it all).
+_KEY_LIST_CHARS = 40
 
 
 def _pretty_body(body: bytes, content_type: str) -> str:
@@ -25,29 +38,27 @@ def _pretty_body(body: bytes, content_type: str) -> str:
     return text
 
 
+def _confirmed(request: HttpRequest) -> bool:
+    return request.POST.get("post") == "yes"
+
+
 @admin.register(IdempotencyRecord)
 class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     """Operators browse and search records; nobody edits them by hand.
 
-    Deleting a record is allowed: it releases a stuck key (the next request with it
-    runs again), which is sometimes what an operator needs.
+    Actions: "End the lease" of claimed records (the runbook's way to free a stuck
+    key; needs the "change" permission) and "Forget the stored response" of
+    completed records (needs "delete"), each behind a confirmation page. Deleting a
+    record stays possible too.
     """
 
-    list_display = (
-        "key",
-        "principal",
-        "endpoint",
-        "state",
-        "response_status",
-        "created_at",
-        "lease_until",
-        "expires_at",
-    )
+    list_display = ("short_key", "principal", "endpoint", "outcome", "created_at")
     list_filter = ("state", "endpoint", ("created_at", admin.DateFieldListFilter))
     search_fields = ("=key", "principal")
     date_hierarchy = "created_at"
     ordering = ("-created_at",)
     show_full_result_count = False
+    actions = ("end_leases", "forget_responses")
     fields = (
         "principal",
         "endpoint",
@@ -63,6 +74,7 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "response_status",
         "stored_headers",
         "stored_body",
+        "outbox",
     )
     readonly_fields = fields
 
@@ -73,6 +85,27 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         """Records are never edited by hand (view-only)."""
         return False
+
+    def has_end_lease_permission(self, request: HttpRequest) -> bool:
+        """Ending leases needs the model's "change" permission (the form stays read-only)."""
+        codename = get_permission_codename("change", self.opts)
+        return bool(request.user.has_perm(f"{self.opts.app_label}.{codename}"))
+
+    @admin.display(description=_("idempotency key"), ordering="key")
+    def short_key(self, obj: IdempotencyRecord) -> str:
+        """The key, shortened past 40 characters (the detail page shows it whole)."""
+        if len(obj.key) <= _KEY_LIST_CHARS:
+            return obj.key
+        return f"{obj.key[: _KEY_LIST_CHARS - 1]}…"
+
+    @admin.display(description=_("outcome"), ordering="state")
+    def outcome(self, obj: IdempotencyRecord) -> str:
+        """``completed 201``, or ``claimed`` with its recovery point."""
+        if obj.state == RecordState.COMPLETED:
+            return f"{obj.get_state_display()} {obj.response_status}"
+        if obj.recovery_point:
+            return str(_("claimed, after phase %(phase)s") % {"phase": obj.recovery_point})
+        return str(obj.get_state_display())
 
     @admin.display(description=_("response headers"))
     def stored_headers(self, obj: IdempotencyRecord) -> str:
@@ -93,6 +126,103 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         body = store.decode_body(obj.response_body)
         return format_html("<pre>{}</pre>", _pretty_body(body, content_type))
 
+    @admin.display(description=_("outbox messages"))
+    def outbox(self, obj: IdempotencyRecord) -> str:
+        """A link to the outbox messages this record's execution enqueued."""
+        count = OutboxMessage.objects.using(obj._state.db).filter(record_id=obj.pk).count()
+        if not count:
+            return "-"
+        url = reverse("admin:django_idempotency_outboxmessage_changelist")
+        label = ngettext("%(count)d message", "%(count)d messages", count) % {"count": count}
+        return format_html('<a href="{}?record__id__exact={}">{}</a>', url, obj.pk, label)
+
+    def _confirm(
+        self, request: HttpRequest, queryset: QuerySet[Any], targets: QuerySet[Any], action: str
+    ) -> TemplateResponse:
+        """The confirmation page of ``action`` for the selected ``queryset``."""
+        chosen = list(targets)
+        titles = {
+            "end_leases": _("End the lease"),
+            "forget_responses": _("Forget the stored response"),
+        }
+        context = {
+            **self.admin_site.each_context(request),
+            "title": titles[action],
+            "opts": self.opts,
+            "queryset": queryset,
+            "targets": chosen,
+            "others": queryset.count() - len(chosen),
+            "action": action,
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "media": self.media,
+        }
+        request.current_app = self.admin_site.name
+        return TemplateResponse(request, f"admin/{self.opts.app_label}/{action}.html", context)
+
+    @admin.action(
+        description=_("End the lease of selected claimed records"), permissions=["end_lease"]
+    )
+    def end_leases(self, request: HttpRequest, queryset: QuerySet[Any]) -> TemplateResponse | None:
+        """Confirm, then end the live leases: the next retry takes each key over."""
+        targets = queryset.filter(state=RecordState.CLAIMED)
+        if not _confirmed(request):
+            return self._confirm(request, queryset, targets, "end_leases")
+        selected = queryset.count()
+        count = store.end_leases(list(queryset.values_list("pk", flat=True)), using=queryset.db)
+        self.message_user(
+            request,
+            ngettext(
+                "%(count)d lease was ended: the next retry with its key takes it over.",
+                "%(count)d leases were ended: the next retry with each key takes it over.",
+                count,
+            )
+            % {"count": count},
+        )
+        self._report_skipped(request, selected - count)
+        return None
+
+    @admin.action(
+        description=_("Forget the stored response of selected completed records"),
+        permissions=["delete"],
+    )
+    def forget_responses(
+        self, request: HttpRequest, queryset: QuerySet[Any]
+    ) -> TemplateResponse | None:
+        """Confirm, then delete the completed records: their keys run the view again."""
+        targets = queryset.filter(state=RecordState.COMPLETED)
+        if not _confirmed(request):
+            return self._confirm(request, queryset, targets, "forget_responses")
+        selected = queryset.count()
+        count = store.forget_responses(
+            list(queryset.values_list("pk", flat=True)), using=queryset.db
+        )
+        self.message_user(
+            request,
+            ngettext(
+                "%(count)d stored response was forgotten: the next request with its key "
+                "runs the view again.",
+                "%(count)d stored responses were forgotten: the next request with each "
+                "key runs the view again.",
+                count,
+            )
+            % {"count": count},
+        )
+        self._report_skipped(request, selected - count)
+        return None
+
+    def _report_skipped(self, request: HttpRequest, skipped: int) -> None:
+        if skipped > 0:
+            self.message_user(
+                request,
+                ngettext(
+                    "%(count)d selected record did not qualify and was left alone.",
+                    "%(count)d selected records did not qualify and were left alone.",
+                    skipped,
+                )
+                % {"count": skipped},
+                level="warning",
+            )
+
 
 @admin.register(OutboxMessage)
 class OutboxMessageAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
@@ -102,16 +232,7 @@ class OutboxMessageAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     need the "change" permission.
     """
 
-    list_display = (
-        "id",
-        "topic",
-        "state",
-        "attempts",
-        "available_at",
-        "created_at",
-        "sent_at",
-        "dedup_key",
-    )
+    list_display = ("id", "topic", "state", "attempts", "available_at", "created_at")
     list_filter = ("state", "topic")
     search_fields = ("=dedup_key", "=topic")
     ordering = ("-id",)
@@ -126,7 +247,7 @@ class OutboxMessageAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "available_at",
         "created_at",
         "sent_at",
-        "record_id",
+        "record_link",
         "error",
     )
     readonly_fields = fields
@@ -138,6 +259,20 @@ class OutboxMessageAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         """Bulk actions need "change"; single messages are read-only."""
         return obj is None and super().has_change_permission(request)
+
+    @admin.display(description=_("idempotency record"))
+    def record_link(self, obj: OutboxMessage) -> str:
+        """A link to the record of the request that enqueued the message, if it exists."""
+        if obj.record_id is None:
+            return "-"
+        exists = IdempotencyRecord.objects.using(obj._state.db).filter(pk=obj.record_id).first()
+        if exists is None:
+            return str(_("#%(id)s (no longer exists: swept or forgotten)") % {"id": obj.record_id})
+        try:
+            url = reverse("admin:django_idempotency_idempotencyrecord_change", args=[obj.record_id])
+        except NoReverseMatch:
+            return str(exists)
+        return format_html('<a href="{}">{}</a>', url, str(exists))
 
     @admin.display(description=_("last error"))
     def error(self, obj: OutboxMessage) -> str:
