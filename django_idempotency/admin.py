@@ -18,8 +18,8 @@ from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, reverse
 from django.utils.html import format_html
+from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
-from django.utils.translation import ngettext
 
 from . import outbox, relay, store
 from .models import IdempotencyRecord, OutboxMessage, OutboxState, RecordState
@@ -259,6 +259,11 @@ class OutboxMessageAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         """Bulk actions need "change"; single messages are read-only."""
         return obj is None and super().has_change_permission(request)
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
+        """The list, titled as a view: messages are read-only, the actions work in bulk."""
+        title = gettext("Select %s to view") % self.opts.verbose_name
+        return super().changelist_view(request, {"title": title, **(extra_context or {})})
 
     @admin.display(description=_("idempotency record"))
     def record_link(self, obj: OutboxMessage) -> str:

@@ -154,7 +154,9 @@ def test_outbox_message_links_to_its_record_and_pages_are_views(api, key):
     detail = client.get(f"{BASE}{record.pk}/change/")
     assert detail.context["title"] == "View idempotency record"
     assert f"{OUTBOX}?record__id__exact={record.pk}" in detail.content.decode()
-    assert client.get(OUTBOX, {"record__id__exact": record.pk}).status_code == 200
+    messages = client.get(OUTBOX, {"record__id__exact": record.pk})
+    assert messages.status_code == 200 and messages.context["title"].endswith("to view")
+    assert set(messages.context["cl"].result_list) == set(record.outbox_messages.all())
     IdempotencyRecord.objects.filter(pk=record.pk)._raw_delete("default")  # swept
     assert "no longer exists" in client.get(f"{OUTBOX}{message.pk}/change/").content.decode()
 
