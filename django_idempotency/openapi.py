@@ -1,9 +1,10 @@
 """OpenAPI for drf-spectacular: ``pip install django-idempotency[openapi]``.
 
 Set the schema class, and every idempotent operation declares the ``Idempotency-Key``
-request header (required or optional, as the view is), its ``400``/``409``/``422``
-``application/problem+json`` responses, ``Retry-After`` on the 409 and
-``Idempotent-Replayed`` on success responses::
+request header (required or optional, as the view is) with the operation's retention
+window and lease in its description and in the ``x-idempotency`` extension, its
+``400``/``409``/``422`` ``application/problem+json`` responses, ``Retry-After`` on the
+409 and ``Idempotent-Replayed`` on success responses::
 
     REST_FRAMEWORK = {
         "DEFAULT_SCHEMA_CLASS": "django_idempotency.openapi.IdempotentAutoSchema",
@@ -31,7 +32,14 @@ from .keys import HEADER
 from .options import Options
 from .responses import REPLAYED_HEADER
 
-__all__ = ["IdempotentAutoSchema", "IdempotentSchemaMixin", "options_for"]
+__all__ = [
+    "EXTENSION",
+    "IdempotentAutoSchema",
+    "IdempotentSchemaMixin",
+    "duration",
+    "options_for",
+    "policy",
+]
 
 #: Name of the problem+json schema component.
 PROBLEM_COMPONENT = "IdempotencyProblem"
@@ -55,6 +63,43 @@ _RESPONSES = {
     "lost its claim. Retry after Retry-After seconds with the same key.",
     "422": "This Idempotency-Key was already used with a different request.",
 }
+
+
+#: Name of the operation extension that publishes the key policy (docs/openapi.md).
+EXTENSION = "x-idempotency"
+
+#: (seconds, unit, smallest count written in that unit): one day reads "24 hours".
+_UNITS = ((86400, "day", 2), (3600, "hour", 1), (60, "minute", 1))
+
+
+def duration(seconds: float) -> str:
+    """``seconds`` in words: ``"24 hours"``, ``"7 days"``, ``"90 seconds"``.
+
+    The largest unit (days from 2 days on, hours, minutes) that divides ``seconds``
+    exactly, else seconds.
+    """
+    for size, unit, smallest in _UNITS:
+        if seconds >= size * smallest and seconds % size == 0:
+            count = int(seconds // size)
+            return f"{count} {unit}{'' if count == 1 else 's'}"
+    count_text = f"{seconds:g}"
+    return f"{count_text} second{'' if count_text == '1' else 's'}"
+
+
+def policy(options: Options) -> dict[str, Any]:
+    """The key policy of an operation protected by ``options``, as published.
+
+    ``retentionSeconds``: how long a key is remembered after its first use (a retry
+    within it replays the first response; after it, the key is new).
+    ``leaseSeconds``: how long an unfinished request holds its key (duplicates get 409)
+    before a retry may take it over. ``required``: whether a request needs a key.
+    """
+    return {
+        "header": HEADER,
+        "required": options.get_required(),
+        "retentionSeconds": options.get_retention(),
+        "leaseSeconds": options.get_lease(),
+    }
 
 
 class IdempotentSchemaMixin:
@@ -89,6 +134,12 @@ class IdempotentSchemaMixin:
                     "A unique key per operation (a UUID); send the same key on every "
                     "retry. A retry replays the first response instead of running again."
                     + ("" if required else " Optional: without it the request is not protected.")
+                    + f" Retention window: {duration(options.get_retention())} after the "
+                    "first request; a retry within it gets the first response, after it "
+                    "the key is new."
+                    + f" Lease: {duration(options.get_lease())}; while the first request "
+                    "runs, a retry gets 409 with Retry-After, and a request that stopped "
+                    "without an answer is taken over by a retry once its lease is over."
                 ),
             ),
         )
@@ -97,8 +148,10 @@ class IdempotentSchemaMixin:
     def get_operation(self, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
         """The operation, with the idempotency responses added when it is protected."""
         operation: dict[str, Any] | None = super().get_operation(*args, **kwargs)  # type: ignore[misc]
-        if operation is None or self.idempotency_options() is None:
+        options = self.idempotency_options()
+        if operation is None or options is None:
             return operation
+        operation.setdefault(EXTENSION, policy(options))
         responses = operation.setdefault("responses", {})
         for code, response in responses.items():
             if str(code).startswith("2"):
