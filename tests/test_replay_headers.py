@@ -149,3 +149,30 @@ def test_the_default_policy_keeps_what_describes_the_response(name):
 def test_the_first_response_never_says_replayed(api, key):
     first = post(api, "/x/receipt", key, {"name": json.dumps("x")})
     assert "Idempotent-Replayed" not in first
+
+
+@override_settings(IDEMPOTENCY={"MAX_RESPONSE_BYTES": 5})
+def test_the_410_for_a_body_too_large_keeps_pointers_not_body_headers(api, key):
+    first = post(api, "/x/export", key)
+    gone = post(api, "/x/export", key)
+    assert gone.status_code == 410 and gone["Idempotent-Replayed"] == "true"
+    assert gone["Content-Type"] == "application/problem+json"
+    assert gone["Location"] == first["Location"] and gone["ETag"] == first["ETag"]
+    assert gone["X-Resource-Version"] == "17"
+    for name in ("Content-Disposition", "Content-Language", "X-Request-Id", "Date"):
+        assert name not in gone, name
+    assert json.loads(gone.content)["original_status"] == 201
+
+
+@override_settings(IDEMPOTENCY={"MAX_RESPONSE_BYTES": 5})
+def test_the_410_never_says_gzip(api, key):
+    post(api, "/x/gzip", key)
+    gone = post(api, "/x/gzip", key)
+    assert gone.status_code == 410 and "Content-Encoding" not in gone
+    assert json.loads(gone.content)["status"] == 410  # a plain JSON problem body
+
+
+@override_settings(IDEMPOTENCY={"REPLAY_DENY_HEADERS": "X-Resource-Version"})
+def test_one_string_is_one_name(api, key):
+    post(api, "/x/receipt", key, {"name": "r"})
+    assert "X-Resource-Version" not in post(api, "/x/receipt", key, {"name": "r"})

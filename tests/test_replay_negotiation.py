@@ -20,6 +20,7 @@ VIEWS = {
     "below @api_view": ("/x/export", {}),
     "above @api_view": ("/x/gzip", {}),
     "IdempotentMixin": ("/x/receipt", {"name": "r"}),
+    "ViewSet action (mixin)": ("/vs/widgets/", {"name": "v"}),
     "method with ReplayNegotiation": ("/x/method", {}),
 }
 
