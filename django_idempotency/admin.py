@@ -11,17 +11,14 @@ import json
 from typing import Any
 
 from django.contrib import admin
-from django.contrib.admin import helpers
-from django.contrib.auth import get_permission_codename
-from django.db.models import QuerySet
 from django.http import HttpRequest
-from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, reverse
 from django.utils.html import format_html
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
 from . import outbox, relay, store
+from .admin_actions import RecordActionsMixin
 from .models import IdempotencyRecord, OutboxMessage, OutboxState, RecordState
 
 #: Longest key shown in full in the record list (the detail page shows it all).
@@ -38,12 +35,8 @@ def _pretty_body(body: bytes, content_type: str) -> str:
     return text
 
 
-def _confirmed(request: HttpRequest) -> bool:
-    return request.POST.get("post") == "yes"
-
-
 @admin.register(IdempotencyRecord)
-class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class IdempotencyRecordAdmin(RecordActionsMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     """Operators browse and search records; nobody edits them by hand.
 
     Actions: "End the lease" of claimed records (the runbook's way to free a stuck
@@ -85,11 +78,6 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         """Records are never edited by hand (view-only)."""
         return False
-
-    def has_end_lease_permission(self, request: HttpRequest) -> bool:
-        """Ending leases needs the model's "change" permission (the form stays read-only)."""
-        codename = get_permission_codename("change", self.opts)
-        return bool(request.user.has_perm(f"{self.opts.app_label}.{codename}"))
 
     @admin.display(description=_("idempotency key"), ordering="key")
     def short_key(self, obj: IdempotencyRecord) -> str:
@@ -135,93 +123,6 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         url = reverse("admin:django_idempotency_outboxmessage_changelist")
         label = ngettext("%(count)d message", "%(count)d messages", count) % {"count": count}
         return format_html('<a href="{}?record__id__exact={}">{}</a>', url, obj.pk, label)
-
-    def _confirm(
-        self, request: HttpRequest, queryset: QuerySet[Any], targets: QuerySet[Any], action: str
-    ) -> TemplateResponse:
-        """The confirmation page of ``action`` for the selected ``queryset``."""
-        chosen = list(targets)
-        titles = {
-            "end_leases": _("End the lease"),
-            "forget_responses": _("Forget the stored response"),
-        }
-        context = {
-            **self.admin_site.each_context(request),
-            "title": titles[action],
-            "opts": self.opts,
-            "queryset": queryset,
-            "targets": chosen,
-            "others": queryset.count() - len(chosen),
-            "action": action,
-            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
-            "media": self.media,
-        }
-        request.current_app = self.admin_site.name
-        return TemplateResponse(request, f"admin/{self.opts.app_label}/{action}.html", context)
-
-    @admin.action(
-        description=_("End the lease of selected claimed records"), permissions=["end_lease"]
-    )
-    def end_leases(self, request: HttpRequest, queryset: QuerySet[Any]) -> TemplateResponse | None:
-        """Confirm, then end the live leases: the next retry takes each key over."""
-        targets = queryset.filter(state=RecordState.CLAIMED)
-        if not _confirmed(request):
-            return self._confirm(request, queryset, targets, "end_leases")
-        selected = queryset.count()
-        count = store.end_leases(list(queryset.values_list("pk", flat=True)), using=queryset.db)
-        self.message_user(
-            request,
-            ngettext(
-                "%(count)d lease was ended: the next retry with its key takes it over.",
-                "%(count)d leases were ended: the next retry with each key takes it over.",
-                count,
-            )
-            % {"count": count},
-        )
-        self._report_skipped(request, selected - count)
-        return None
-
-    @admin.action(
-        description=_("Forget the stored response of selected completed records"),
-        permissions=["delete"],
-    )
-    def forget_responses(
-        self, request: HttpRequest, queryset: QuerySet[Any]
-    ) -> TemplateResponse | None:
-        """Confirm, then delete the completed records: their keys run the view again."""
-        targets = queryset.filter(state=RecordState.COMPLETED)
-        if not _confirmed(request):
-            return self._confirm(request, queryset, targets, "forget_responses")
-        selected = queryset.count()
-        count = store.forget_responses(
-            list(queryset.values_list("pk", flat=True)), using=queryset.db
-        )
-        self.message_user(
-            request,
-            ngettext(
-                "%(count)d stored response was forgotten: the next request with its key "
-                "runs the view again.",
-                "%(count)d stored responses were forgotten: the next request with each "
-                "key runs the view again.",
-                count,
-            )
-            % {"count": count},
-        )
-        self._report_skipped(request, selected - count)
-        return None
-
-    def _report_skipped(self, request: HttpRequest, skipped: int) -> None:
-        if skipped > 0:
-            self.message_user(
-                request,
-                ngettext(
-                    "%(count)d selected record did not qualify and was left alone.",
-                    "%(count)d selected records did not qualify and were left alone.",
-                    skipped,
-                )
-                % {"count": skipped},
-                level="warning",
-            )
 
 
 @admin.register(OutboxMessage)
