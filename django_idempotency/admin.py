@@ -1,4 +1,9 @@
-"""Django admin: idempotency records (read-only) and outbox messages (bulk actions)."""
+"""Django admin: idempotency records and outbox messages, with operators' actions.
+
+Records are read-only; operators end the lease of stuck claims and forget stored
+responses (each action with a confirmation page). Outbox messages are read-only too;
+operators retry, dead-letter or purge them in bulk. See docs/admin.md.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +12,17 @@ from typing import Any
 
 from django.contrib import admin
 from django.http import HttpRequest
+from django.urls import NoReverseMatch, reverse
 from django.utils.html import format_html
+from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
-from django.utils.translation import ngettext
 
 from . import outbox, relay, store
+from .admin_actions import RecordActionsMixin
 from .models import IdempotencyRecord, OutboxMessage, OutboxState, RecordState
+
+#: Longest key shown in full in the record list (the detail page shows it all).
+_KEY_LIST_CHARS = 40
 
 
 def _pretty_body(body: bytes, content_type: str) -> str:
@@ -26,28 +36,22 @@ def _pretty_body(body: bytes, content_type: str) -> str:
 
 
 @admin.register(IdempotencyRecord)
-class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class IdempotencyRecordAdmin(RecordActionsMixin, admin.ModelAdmin):  # type: ignore[type-arg]
     """Operators browse and search records; nobody edits them by hand.
 
-    Deleting a record is allowed: it releases a stuck key (the next request with it
-    runs again), which is sometimes what an operator needs.
+    Actions: "End the lease" of claimed records (the runbook's way to free a stuck
+    key; needs the "change" permission) and "Forget the stored response" of
+    completed records (needs "delete"), each behind a confirmation page. Deleting a
+    record stays possible too.
     """
 
-    list_display = (
-        "key",
-        "principal",
-        "endpoint",
-        "state",
-        "response_status",
-        "created_at",
-        "lease_until",
-        "expires_at",
-    )
+    list_display = ("short_key", "principal", "endpoint", "outcome", "created_at")
     list_filter = ("state", "endpoint", ("created_at", admin.DateFieldListFilter))
     search_fields = ("=key", "principal")
     date_hierarchy = "created_at"
     ordering = ("-created_at",)
     show_full_result_count = False
+    actions = ("end_leases", "forget_responses")
     fields = (
         "principal",
         "endpoint",
@@ -63,6 +67,7 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "response_status",
         "stored_headers",
         "stored_body",
+        "outbox",
     )
     readonly_fields = fields
 
@@ -73,6 +78,22 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         """Records are never edited by hand (view-only)."""
         return False
+
+    @admin.display(description=_("idempotency key"), ordering="key")
+    def short_key(self, obj: IdempotencyRecord) -> str:
+        """The key, shortened past 40 characters (the detail page shows it whole)."""
+        if len(obj.key) <= _KEY_LIST_CHARS:
+            return obj.key
+        return f"{obj.key[: _KEY_LIST_CHARS - 1]}…"
+
+    @admin.display(description=_("outcome"), ordering="state")
+    def outcome(self, obj: IdempotencyRecord) -> str:
+        """``completed 201``, or ``claimed`` with its recovery point."""
+        if obj.state == RecordState.COMPLETED:
+            return f"{obj.get_state_display()} {obj.response_status}"
+        if obj.recovery_point:
+            return str(_("claimed, after phase %(phase)s") % {"phase": obj.recovery_point})
+        return str(obj.get_state_display())
 
     @admin.display(description=_("response headers"))
     def stored_headers(self, obj: IdempotencyRecord) -> str:
@@ -93,6 +114,16 @@ class IdempotencyRecordAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         body = store.decode_body(obj.response_body)
         return format_html("<pre>{}</pre>", _pretty_body(body, content_type))
 
+    @admin.display(description=_("outbox messages"))
+    def outbox(self, obj: IdempotencyRecord) -> str:
+        """A link to the outbox messages this record's execution enqueued."""
+        count = OutboxMessage.objects.using(obj._state.db).filter(record_id=obj.pk).count()
+        if not count:
+            return "-"
+        url = reverse("admin:django_idempotency_outboxmessage_changelist")
+        label = ngettext("%(count)d message", "%(count)d messages", count) % {"count": count}
+        return format_html('<a href="{}?record__id__exact={}">{}</a>', url, obj.pk, label)
+
 
 @admin.register(OutboxMessage)
 class OutboxMessageAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
@@ -102,16 +133,7 @@ class OutboxMessageAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     need the "change" permission.
     """
 
-    list_display = (
-        "id",
-        "topic",
-        "state",
-        "attempts",
-        "available_at",
-        "created_at",
-        "sent_at",
-        "dedup_key",
-    )
+    list_display = ("id", "topic", "state", "attempts", "available_at", "created_at")
     list_filter = ("state", "topic")
     search_fields = ("=dedup_key", "=topic")
     ordering = ("-id",)
@@ -126,7 +148,7 @@ class OutboxMessageAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "available_at",
         "created_at",
         "sent_at",
-        "record_id",
+        "record_link",
         "error",
     )
     readonly_fields = fields
@@ -138,6 +160,25 @@ class OutboxMessageAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         """Bulk actions need "change"; single messages are read-only."""
         return obj is None and super().has_change_permission(request)
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
+        """The list, titled as a view: messages are read-only, the actions work in bulk."""
+        title = gettext("Select %s to view") % self.opts.verbose_name
+        return super().changelist_view(request, {"title": title, **(extra_context or {})})
+
+    @admin.display(description=_("idempotency record"))
+    def record_link(self, obj: OutboxMessage) -> str:
+        """A link to the record of the request that enqueued the message, if it exists."""
+        if obj.record_id is None:
+            return "-"
+        exists = IdempotencyRecord.objects.using(obj._state.db).filter(pk=obj.record_id).first()
+        if exists is None:
+            return str(_("#%(id)s (no longer exists: swept or forgotten)") % {"id": obj.record_id})
+        try:
+            url = reverse("admin:django_idempotency_idempotencyrecord_change", args=[obj.record_id])
+        except NoReverseMatch:
+            return str(exists)
+        return format_html('<a href="{}">{}</a>', url, str(exists))
 
     @admin.display(description=_("last error"))
     def error(self, obj: OutboxMessage) -> str:

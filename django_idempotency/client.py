@@ -27,6 +27,7 @@ from __future__ import annotations
 import datetime as dt
 import email.utils
 import random
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -58,6 +59,7 @@ __all__ = [
     "SQLiteKeyStore",
     "is_replay",
     "problem_of",
+    "problem_slug",
     "retry_after_seconds",
     "verdict",
 ]
@@ -69,7 +71,7 @@ PROBLEM_JSON = "application/problem+json"
 RETRYABLE_CONFLICTS = ("request-in-flight", "lease-lost")
 #: 5xx statuses that say "never" rather than "not now".
 PERMANENT_5XX = frozenset({501, 505})
-#: 4xx statuses on which django-idempotency releases the key (SPEC §4), so a retry with
+#: 4xx statuses on which django-idempotency releases the key (docs/protocol.md), so a retry with
 #: the same key runs the view again. Not retried by default; opt in with
 #: ``retry_statuses=RELEASED_4XX`` (Retry-After is honoured).
 RELEASED_4XX = frozenset({408, 425, 429})
@@ -103,6 +105,18 @@ def problem_of(response: httpx.Response) -> dict[str, Any] | None:
     except ValueError:
         return None
     return body if isinstance(body, dict) else None
+
+
+def problem_slug(response: httpx.Response) -> str:
+    """The slug of ``response``'s problem ``type`` (``"lease-lost"``), ``""`` if none.
+
+    The app's types are its ``PROBLEM_TYPE_BASE`` plus a slug, so the slug is what
+    follows the last ``#``, ``/`` or ``:`` of the URI. A view's own problem types
+    (``https://api.example.com/problems/name-taken``) have slugs of their own, so an
+    answer of the view is never taken for one of the app's.
+    """
+    kind = str((problem_of(response) or {}).get("type", ""))
+    return re.split(r"[#/:]", kind)[-1]
 
 
 def retry_after_seconds(response: httpx.Response) -> float | None:
@@ -142,10 +156,8 @@ def verdict(response: httpx.Response, *, retry_statuses: frozenset[int] = frozen
         return "fail" if status in PERMANENT_5XX else "retry"
     if status in retry_statuses:
         return "retry"
-    if status == 409:
-        kind = str((problem_of(response) or {}).get("type", ""))
-        if kind.endswith(RETRYABLE_CONFLICTS):
-            return "retry"
+    if status == 409 and problem_slug(response) in RETRYABLE_CONFLICTS:
+        return "retry"
     return "fail"
 
 
@@ -312,7 +324,7 @@ def _describe(method: str, url: str, response: httpx.Response) -> str:
     text = f"{method} {url}: {response.status_code} {response.reason_phrase}"
     problem = problem_of(response)
     if problem:
-        kind = str(problem.get("type", "")).rsplit("#", 1)[-1].rsplit("/", 1)[-1]
+        kind = problem_slug(response)
         text += f" [{kind}] {problem.get('title', '')}: {problem.get('detail', '')}"
     return text
 
@@ -403,8 +415,8 @@ class _Base:
             return response
         if outcome == "fail":
             assert response is not None
-            kind = str((problem_of(response) or {}).get("type", ""))
-            final = ResponseNotReplayable if kind.endswith(NOT_REPLAYABLE) else NonRetryableError
+            not_replayable = problem_slug(response) == NOT_REPLAYABLE
+            final = ResponseNotReplayable if not_replayable else NonRetryableError
             raise final(
                 _describe(method, url, response),
                 key=key,

@@ -23,6 +23,7 @@ DEFAULTS: dict[str, Any] = {
     "RETRY_AFTER": 1,
     "MAX_KEY_LENGTH": 255,
     "REPLAY_HEADERS": (),
+    "REPLAY_DENY_HEADERS": (),
     "FINGERPRINT_EXCLUDE": (),
     "FINGERPRINT_HEADERS": (),
     "PRINCIPAL_RESOLVER": "django_idempotency.principals.user_principal",
@@ -32,14 +33,14 @@ DEFAULTS: dict[str, Any] = {
     # Robustness and security (docs/robustness.md, docs/security.md).
     "MAX_RESPONSE_BYTES": 1024 * 1024,
     "BODY_CODEC": None,
-    # Outbox and relay (SPEC §5; docs/outbox.md).
+    # Outbox and relay (docs/outbox.md).
     "OUTBOX_BATCH_SIZE": 100,
     "OUTBOX_RELAY_LEASE": 120.0,
     "OUTBOX_MAX_ATTEMPTS": 10,
     "OUTBOX_BACKOFF_BASE": 2.0,
     "OUTBOX_BACKOFF_CAP": 3600.0,
     "OUTBOX_KICK": True,
-    # Retention and the sweeper (SPEC §6; docs/retention.md).
+    # Retention and the sweeper (docs/retention.md).
     "MAX_RETENTION": 7 * 24 * 60 * 60.0,
     "PARTITION_RECORDS": True,
     "PARTITIONS_AHEAD": 3,
@@ -61,6 +62,11 @@ def resolve_callable(value: str | Callable[..., Any] | None) -> Callable[..., An
     if value is None or callable(value):
         return value
     return _import(value)  # type: ignore[no-any-return]
+
+
+def _names(value: str | Collection[str]) -> tuple[str, ...]:
+    """A list setting of header names as a tuple; one string is one name."""
+    return (value,) if isinstance(value, str) else tuple(value)
 
 
 class IdempotencySettings:
@@ -116,8 +122,20 @@ class IdempotencySettings:
 
     @property
     def replay_headers(self) -> tuple[str, ...]:
-        """Extra response headers stored and replayed, besides the standard allowlist."""
-        return tuple(self.get("REPLAY_HEADERS"))
+        """Headers replayed although the exchange denylist drops them (``Server``, ...).
+
+        Every other header is replayed without configuration (docs/protocol.md#replay);
+        before, this setting extended an allowlist, and such lists keep working.
+        """
+        return _names(self.get("REPLAY_HEADERS"))
+
+    @property
+    def replay_deny_headers(self) -> tuple[str, ...]:
+        """Response headers never stored or replayed, besides the built-in denylist.
+
+        Names, any case; ``"X-Internal-*"`` denies every name with that prefix.
+        """
+        return _names(self.get("REPLAY_DENY_HEADERS"))
 
     @property
     def fingerprint_exclude(self) -> tuple[str, ...]:

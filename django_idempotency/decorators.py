@@ -35,6 +35,8 @@ def _wrap_api_view(view: Any, decorate: Callable[[Any], Any]) -> Any:
     permissions and throttling; the view as a whole is exempted from
     ``ATOMIC_REQUESTS`` so its claims commit on their own.
     """
+    from .drf import replay_negotiation
+
     view_class = view.cls
     if "WrappedAPIView" not in view_class.__qualname__:
         raise TypeError(
@@ -42,6 +44,8 @@ def _wrap_api_view(view: Any, decorate: Callable[[Any], Any]) -> Any:
             "outside: it would run before authentication and permissions. Decorate its "
             "methods, or add IdempotentMixin to the class."
         )
+    # A replay is the stored representation, whatever the retry's Accept.
+    view_class.content_negotiation_class = replay_negotiation(view_class.content_negotiation_class)
     for method in view_class.http_method_names:
         handler = view_class.__dict__.get(method)
         if handler is None:
@@ -71,7 +75,7 @@ def idempotent(view: None = None, /, **options: Any) -> Callable[[F], F]: ...
 
 
 def idempotent(view: F | None = None, /, **options: Any) -> F | Callable[[F], F]:
-    """Make a view honour the ``Idempotency-Key`` header (SPEC §2-§4).
+    """Make a view honour the ``Idempotency-Key`` header (docs/protocol.md).
 
     Use bare (``@idempotent``) or with options (``@idempotent(retention=7 * 86400)``)
     on a function view (``request, ...``), a DRF ``@api_view`` function (above or
@@ -87,7 +91,8 @@ def idempotent(view: F | None = None, /, **options: Any) -> F | Callable[[F], F]
         lease (float): seconds an in-flight claim holds off duplicates.
         retention (float): seconds the response is replayed (retention window).
         wait (float): seconds a duplicate waits for the original before a 409.
-        replay_headers (list[str]): extra response headers to store and replay.
+        replay_headers (list[str]): headers to replay although the exchange
+            denylist drops them (``Server``, ``Via``, ...; docs/protocol.md#replay).
         fingerprint_exclude (list[str]): body fields left out of the fingerprint.
         fingerprint_headers (list[str]): request headers put into the fingerprint.
         principal (callable): ``request -> str | None``, who the key belongs to.
@@ -138,6 +143,10 @@ def idempotent(view: F | None = None, /, **options: Any) -> F | Callable[[F], F]
                 )
 
             wrapper = _sync_wrapper
+            # For @api_view above this decorator (DRF 3.17+ reads the attribute).
+            from .drf import function_negotiation
+
+            wrapper.content_negotiation_class = function_negotiation(func)
         wrapper._idempotency_options = opts
         return mark_non_atomic(wrapper)  # type: ignore[no-any-return]
 

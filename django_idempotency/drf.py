@@ -1,15 +1,142 @@
-"""Django REST framework glue: ``IdempotentMixin``. The only module importing DRF."""
+"""Django REST framework glue: ``IdempotentMixin`` and replay-aware content negotiation.
+
+The only module importing DRF (besides ``openapi``, for drf-spectacular).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from rest_framework.exceptions import NotAcceptable
+from rest_framework.negotiation import BaseContentNegotiation, DefaultContentNegotiation
+from rest_framework.renderers import BaseRenderer
 from rest_framework.request import Request
 
-from .glue import atomic_requests_blocks, make_finalizer, mark_non_atomic, run
+from .glue import NOT_ACCEPTABLE, atomic_requests_blocks, make_finalizer, mark_non_atomic, run
+from .keys import HEADER
 from .options import Options
 from .protocol import SAFE_METHODS
+
+
+def _closure_options(handler: Any) -> Options | None:
+    """Options of an ``@idempotent`` function that DRF's ``@api_view`` closes over."""
+    func = getattr(handler, "__func__", handler)
+    for cell in getattr(func, "__closure__", None) or ():
+        try:
+            contents = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        options = getattr(contents, "_idempotency_options", None)
+        if isinstance(options, Options):
+            return options
+    return None
+
+
+def options_for(view: Any, method: str) -> Options | None:
+    """The idempotency options protecting ``method`` of ``view``, or ``None``.
+
+    The same precedence as at request time: a handler decorated with ``@idempotent``
+    (above or below ``@api_view``) uses its own options; otherwise an
+    ``IdempotentMixin`` view's ``idempotency_options_for(action)``.
+
+    Args:
+        view: a DRF view instance (``action`` set on ViewSets).
+        method: the HTTP method (any case).
+    """
+    method = method.lower()
+    if method.upper() in SAFE_METHODS:
+        return None
+    action = getattr(view, "action", None) or method
+    handler = getattr(view, action, None) or getattr(view, method, None)
+    if handler is None:
+        return None
+    options = getattr(handler, "_idempotency_options", None)
+    if isinstance(options, Options):
+        return options
+    options = _closure_options(handler)
+    if options is None and hasattr(view, "idempotency_options_for"):
+        options = view.idempotency_options_for(action)
+    return options
+
+
+def _may_replay(request: Request) -> bool:
+    """Whether ``request`` is a keyed request to a protected handler (so may be a replay)."""
+    if (request.method or "").upper() in SAFE_METHODS or HEADER not in request.headers:
+        return False
+    view = (getattr(request, "parser_context", None) or {}).get("view")
+    return view is not None and options_for(view, request.method or "") is not None
+
+
+class ReplayNegotiationMixin:
+    """Content negotiation that lets a replay through whatever the retry's ``Accept``.
+
+    A replay is the stored representation (docs/faq.md): when no renderer satisfies
+    the ``Accept`` of a keyed request to a protected handler, the ``NotAcceptable``
+    is kept on the request instead of raised, so authentication, permissions and
+    throttling still run and the app can answer from the record. If the view would
+    have to run, the app raises the kept ``NotAcceptable`` then (406, nothing
+    claimed), as DRF would have. Mix in before a content negotiation class.
+    """
+
+    def select_renderer(
+        self,
+        request: Request,
+        renderers: Iterable[BaseRenderer],
+        format_suffix: str | None = None,
+    ) -> Any:
+        """The inner class's choice; on ``NotAcceptable``, the first renderer (deferred)."""
+        candidates = list(renderers)
+        try:
+            return super().select_renderer(request, candidates, format_suffix)  # type: ignore[misc]
+        except NotAcceptable as exc:
+            if not candidates or not _may_replay(request):
+                raise
+            setattr(request, NOT_ACCEPTABLE, exc)
+            return candidates[0], candidates[0].media_type
+
+
+class ReplayNegotiation(ReplayNegotiationMixin, DefaultContentNegotiation):
+    """DRF's default negotiation, replay-aware.
+
+    ``IdempotentMixin`` views and ``@idempotent`` function views get replay-aware
+    negotiation on their own; set ``REST_FRAMEWORK["DEFAULT_CONTENT_NEGOTIATION_CLASS"]``
+    to this class only for ``@idempotent`` below ``@api_view`` on DRF before 3.17
+    (whose ``@api_view`` ignores a function's ``content_negotiation_class``).
+    """
+
+
+_REPLAY_CLASSES: dict[type[BaseContentNegotiation], type[BaseContentNegotiation]] = {}
+
+
+def replay_negotiation(negotiation: type[BaseContentNegotiation]) -> type[BaseContentNegotiation]:
+    """``negotiation`` made replay-aware (itself if it already is).
+
+    Args:
+        negotiation: a DRF content negotiation class (``select_renderer`` raises
+            ``NotAcceptable`` when no renderer fits).
+    """
+    if issubclass(negotiation, ReplayNegotiationMixin):
+        return negotiation
+    made = _REPLAY_CLASSES.get(negotiation)
+    if made is None:
+        made = type(
+            f"Replay{negotiation.__name__}",
+            (ReplayNegotiationMixin, negotiation),
+            {"__module__": __name__, "__doc__": ReplayNegotiationMixin.__doc__},
+        )
+        made = _REPLAY_CLASSES.setdefault(negotiation, made)
+    return made
+
+
+def function_negotiation(func: Any) -> type[BaseContentNegotiation]:
+    """The replay-aware negotiation class ``@api_view`` should give ``func``'s view."""
+    from rest_framework.views import APIView
+
+    chosen: type[BaseContentNegotiation] = (
+        getattr(func, "content_negotiation_class", None) or APIView.content_negotiation_class
+    )
+    return replay_negotiation(chosen)
 
 
 class IdempotentMixin:
@@ -49,6 +176,13 @@ class IdempotentMixin:
         if isinstance(actions, Mapping):
             for options in actions.values():
                 Options.from_kwargs(**dict(options))
+
+    def get_content_negotiator(self) -> BaseContentNegotiation:
+        """The view's negotiation, replay-aware (:class:`ReplayNegotiationMixin`)."""
+        if not getattr(self, "_negotiator", None):
+            negotiation = replay_negotiation(self.content_negotiation_class)  # type: ignore[attr-defined]
+            self._negotiator = negotiation()
+        return self._negotiator
 
     @classmethod
     def as_view(cls, *args: Any, **kwargs: Any) -> Any:

@@ -1,6 +1,6 @@
 """What the decorator and the DRF mixin share: run one view call through the protocol.
 
-Also the ``ATOMIC_REQUESTS`` handling (SPEC §4): idempotent views are marked
+Also the ``ATOMIC_REQUESTS`` handling (docs/usage.md): idempotent views are marked
 non-atomic so the claim commits on its own, and every path that Django would have
 wrapped in ``atomic()`` is wrapped here instead.
 """
@@ -18,6 +18,10 @@ from django.http.response import HttpResponseBase
 from . import execution, protocol
 from .context import UnprotectedContext
 from .options import Options
+
+#: Attribute of a DRF request holding the ``NotAcceptable`` that replay-aware content
+#: negotiation deferred (``drf.ReplayNegotiationMixin``): raised if the view must run.
+NOT_ACCEPTABLE = "_idempotency_not_acceptable"
 
 
 class AllDatabases(set[str]):
@@ -93,15 +97,25 @@ def run(
     call: Callable[[], HttpResponseBase],
     finalize: Callable[[HttpResponseBase], HttpResponseBase],
 ) -> HttpResponseBase:
-    """Run ``call`` (the view) under the idempotency protocol and return the response."""
-    decision = protocol.begin(request, options, view_name=view_name)
+    """Run ``call`` (the view) under the idempotency protocol and return the response.
+
+    Raises:
+        rest_framework.exceptions.NotAcceptable: no renderer fits the request's
+            ``Accept`` and the view would have to run (a replay, 409 or 422 is
+            answered whatever the ``Accept``); nothing was claimed.
+    """
+    not_acceptable = getattr(request, NOT_ACCEPTABLE, None)
+    decision = protocol.begin(request, options, view_name=view_name, may_run=not_acceptable is None)
     if isinstance(decision, protocol.Respond):
         return decision.response
+    if not_acceptable is not None and isinstance(decision, (protocol.CannotRun, protocol.Bypass)):
+        raise not_acceptable  # the view would have to run: DRF's 406
     if isinstance(decision, protocol.Bypass):
         # A phased view without a key (key optional) runs its phases unprotected.
         execution.attach(request, UnprotectedContext(options.phases) if options.phases else None)
         with atomic_requests_blocks():
             return call()
+    assert isinstance(decision, protocol.Proceed)  # CannotRun only when may_run is False
     # Other databases with ATOMIC_REQUESTS keep their per-request transaction; the
     # record's database gets the view's own block, opened after the claim committed.
     with atomic_requests_blocks(exclude=decision.claim.using):

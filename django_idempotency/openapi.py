@@ -1,9 +1,10 @@
 """OpenAPI for drf-spectacular: ``pip install django-idempotency[openapi]``.
 
 Set the schema class, and every idempotent operation declares the ``Idempotency-Key``
-request header (required or optional, as the view is), its ``400``/``409``/``422``
-``application/problem+json`` responses, ``Retry-After`` on the 409 and
-``Idempotent-Replayed`` on success responses::
+request header (required or optional, as the view is) with the operation's retention
+window and lease in its description and in the ``x-idempotency`` extension, its
+``400``/``409``/``422`` ``application/problem+json`` responses, ``Retry-After`` on the
+409 and ``Idempotent-Replayed`` on success responses::
 
     REST_FRAMEWORK = {
         "DEFAULT_SCHEMA_CLASS": "django_idempotency.openapi.IdempotentAutoSchema",
@@ -26,10 +27,19 @@ from drf_spectacular.utils import OpenApiParameter
 
 from . import problems
 from .conf import conf
+from .drf import options_for
 from .keys import HEADER
 from .options import Options
-from .protocol import SAFE_METHODS
 from .responses import REPLAYED_HEADER
+
+__all__ = [
+    "EXTENSION",
+    "IdempotentAutoSchema",
+    "IdempotentSchemaMixin",
+    "duration",
+    "options_for",
+    "policy",
+]
 
 #: Name of the problem+json schema component.
 PROBLEM_COMPONENT = "IdempotencyProblem"
@@ -55,46 +65,41 @@ _RESPONSES = {
 }
 
 
-def _closure_options(handler: Any) -> Options | None:
-    """Options of an ``@idempotent`` function that DRF's ``@api_view`` closes over."""
-    func = getattr(handler, "__func__", handler)
-    for cell in getattr(func, "__closure__", None) or ():
-        try:
-            contents = cell.cell_contents
-        except ValueError:  # an empty cell
-            continue
-        options = getattr(contents, "_idempotency_options", None)
-        if isinstance(options, Options):
-            return options
-    return None
+#: Name of the operation extension that publishes the key policy (docs/openapi.md).
+EXTENSION = "x-idempotency"
+
+#: (seconds, unit, smallest count written in that unit): one day reads "24 hours".
+_UNITS = ((86400, "day", 2), (3600, "hour", 1), (60, "minute", 1))
 
 
-def options_for(view: Any, method: str) -> Options | None:
-    """The idempotency options protecting ``method`` of ``view``, or ``None``.
+def duration(seconds: float) -> str:
+    """``seconds`` in words: ``"24 hours"``, ``"7 days"``, ``"90 seconds"``.
 
-    The same precedence as at request time: a handler decorated with ``@idempotent``
-    (above or below ``@api_view``) uses its own options; otherwise an
-    ``IdempotentMixin`` view's ``idempotency_options_for(action)``.
-
-    Args:
-        view: a DRF view instance as the schema generator builds it (``action`` set
-            on ViewSets).
-        method: the HTTP method (any case).
+    The largest unit (days from 2 days on, hours, minutes) that divides ``seconds``
+    exactly, else seconds.
     """
-    method = method.lower()
-    if method.upper() in SAFE_METHODS:
-        return None
-    action = getattr(view, "action", None) or method
-    handler = getattr(view, action, None) or getattr(view, method, None)
-    if handler is None:
-        return None
-    options = getattr(handler, "_idempotency_options", None)
-    if isinstance(options, Options):
-        return options
-    options = _closure_options(handler)
-    if options is None and hasattr(view, "idempotency_options_for"):
-        options = view.idempotency_options_for(action)
-    return options
+    for size, unit, smallest in _UNITS:
+        if seconds >= size * smallest and seconds % size == 0:
+            count = int(seconds // size)
+            return f"{count} {unit}{'' if count == 1 else 's'}"
+    count_text = f"{seconds:g}"
+    return f"{count_text} second{'' if count_text == '1' else 's'}"
+
+
+def policy(options: Options) -> dict[str, Any]:
+    """The key policy of an operation protected by ``options``, as published.
+
+    ``retentionSeconds``: how long a key is remembered after its first use (a retry
+    within it replays the first response; after it, the key is new).
+    ``leaseSeconds``: how long an unfinished request holds its key (duplicates get 409)
+    before a retry may take it over. ``required``: whether a request needs a key.
+    """
+    return {
+        "header": HEADER,
+        "required": options.get_required(),
+        "retentionSeconds": options.get_retention(),
+        "leaseSeconds": options.get_lease(),
+    }
 
 
 class IdempotentSchemaMixin:
@@ -129,6 +134,12 @@ class IdempotentSchemaMixin:
                     "A unique key per operation (a UUID); send the same key on every "
                     "retry. A retry replays the first response instead of running again."
                     + ("" if required else " Optional: without it the request is not protected.")
+                    + f" Retention window: {duration(options.get_retention())} after the "
+                    "first request; a retry within it gets the first response, after it "
+                    "the key is new."
+                    + f" Lease: {duration(options.get_lease())}; while the first request "
+                    "runs, a retry gets 409 with Retry-After, and a request that stopped "
+                    "without an answer is taken over by a retry once its lease is over."
                 ),
             ),
         )
@@ -137,8 +148,10 @@ class IdempotentSchemaMixin:
     def get_operation(self, *args: Any, **kwargs: Any) -> dict[str, Any] | None:
         """The operation, with the idempotency responses added when it is protected."""
         operation: dict[str, Any] | None = super().get_operation(*args, **kwargs)  # type: ignore[misc]
-        if operation is None or self.idempotency_options() is None:
+        options = self.idempotency_options()
+        if operation is None or options is None:
             return operation
+        operation.setdefault(EXTENSION, policy(options))
         responses = operation.setdefault("responses", {})
         for code, response in responses.items():
             if str(code).startswith("2"):

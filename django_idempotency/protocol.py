@@ -29,7 +29,7 @@ from .conf import conf
 from .keys import HEADER, InvalidKey, parse_key
 from .logging import key_hash
 from .options import Options
-from .responses import REPLAYED_HEADER, build
+from .responses import REPLAYED_HEADER, HeaderPolicy, build
 
 logger = logging.getLogger("django_idempotency")
 
@@ -58,7 +58,13 @@ class Proceed:
     options: Options
 
 
+@dataclass(frozen=True)
+class CannotRun:
+    """The view would have to run, but the caller said it may not (nothing claimed)."""
+
+
 BYPASS = Bypass()
+CANNOT_RUN = CannotRun()
 
 
 def _fit(value: str) -> str:
@@ -157,18 +163,24 @@ def _no_principal(request: Any) -> Respond:
     return respond
 
 
-def begin(request: Any, options: Options, *, view_name: str) -> Bypass | Respond | Proceed:
+def begin(
+    request: Any, options: Options, *, view_name: str, may_run: bool = True
+) -> Bypass | Respond | Proceed | CannotRun:
     """Decide what to do with ``request`` before the view runs.
 
     Args:
         request: a Django ``HttpRequest`` or a DRF ``Request`` (authenticated).
         options: the view's options.
         view_name: dotted name of the view, the endpoint when no route matched.
+        may_run: ``False`` when the view cannot run for this request (DRF found no
+            renderer for its ``Accept``): the key is only looked up, never claimed.
+            A replay, a 409 or a 422 is answered as usual; where the view would
+            have to run, :data:`CANNOT_RUN` is returned.
 
     Returns:
-        :class:`Bypass`, :class:`Respond` (replay or problem+json) or :class:`Proceed`
-        with a claim. Never raises for a client mistake; a failing store gives a 503
-        (fail closed: the view does not run without a claim).
+        :class:`Bypass`, :class:`Respond` (replay or problem+json), :class:`Proceed`
+        with a claim, or :class:`CannotRun`. Never raises for a client mistake; a
+        failing store gives a 503 (fail closed: the view does not run without a claim).
 
     Warns:
         transactions.OuterTransactionWarning: the claim is made inside an ``atomic()``
@@ -197,12 +209,14 @@ def begin(request: Any, options: Options, *, view_name: str) -> Bypass | Respond
         return fp
     scope = store.Scope(_fit(str(principal)), endpoint_for(http, options, view_name), key)
     using = store.database_for_write()
-    if transactions.outer_block(using):  # the claim could not commit on its own
+    if may_run and transactions.outer_block(using):  # the claim could not commit on its own
         transactions.warn_outer(scope.endpoint, view_name, using)
-    return _claim(scope, fp, options, using)
+    return _claim(scope, fp, options, using, may_run=may_run)
 
 
-def _claim(scope: store.Scope, fp: str, options: Options, using: str) -> Respond | Proceed:
+def _claim(
+    scope: store.Scope, fp: str, options: Options, using: str, *, may_run: bool
+) -> Respond | Proceed | CannotRun:
     signal_kwargs = {
         "principal": scope.principal,
         "endpoint": scope.endpoint,
@@ -212,13 +226,16 @@ def _claim(scope: store.Scope, fp: str, options: Options, using: str) -> Respond
     delay = 0.05
     while True:
         try:
-            result = store.claim(
-                scope,
-                fp,
-                lease=options.get_lease(),
-                retention=options.get_retention(),
-                using=using,
-            )
+            if may_run:
+                result: store.Claim | store.Existing | None = store.claim(
+                    scope,
+                    fp,
+                    lease=options.get_lease(),
+                    retention=options.get_retention(),
+                    using=using,
+                )
+            else:
+                result = store.peek(scope, fp, using=using)
         except (DatabaseError, InterfaceError) as exc:
             signals.store_failed.send(scope.endpoint, error=exc, **signal_kwargs)
             return _problem(
@@ -227,6 +244,8 @@ def _claim(scope: store.Scope, fp: str, options: Options, using: str) -> Respond
                 "run. Retry later with the same key.",
                 retry_after=conf.retry_after,
             )
+        if result is None:
+            return CANNOT_RUN
         if isinstance(result, store.Claim):
             signals.claimed.send(scope.endpoint, taken_over=result.taken_over, **signal_kwargs)
             return Proceed(result, options)
@@ -239,9 +258,10 @@ def _claim(scope: store.Scope, fp: str, options: Options, using: str) -> Respond
             )
         if result.response is not None:
             signals.replayed.send(scope.endpoint, status=result.response.status, **signal_kwargs)
+            policy = HeaderPolicy.current(options.get_replay_headers())
             if not result.response.replayable:
-                return Respond(_too_large_to_replay(result.response))
-            return Respond(build(result.response, replayed=True))
+                return Respond(_too_large_to_replay(result.response, policy))
+            return Respond(build(result.response, replayed=True, policy=policy))
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             signals.in_flight.send(scope.endpoint, **signal_kwargs)
@@ -255,11 +275,16 @@ def _claim(scope: store.Scope, fp: str, options: Options, using: str) -> Respond
         delay = min(delay * 2, 0.5)
 
 
-def _too_large_to_replay(stored: store.StoredResponse) -> HttpResponseBase:
+#: Headers of the stored response that describe its body, not sent with the 410's.
+_BODY_HEADERS = ("content-", "digest", "repr-digest")
+
+
+def _too_large_to_replay(stored: store.StoredResponse, policy: HeaderPolicy) -> HttpResponseBase:
     """410 for a completed request whose body was too large to keep (MAX_RESPONSE_BYTES).
 
     The request ran and will not run again; the client gets its status and the
-    replayable headers that point at the result (Location, ETag, ...).
+    replayable headers that point at the result (Location, ETag, ...), but none that
+    describe the stored body (``Content-*``, digests): the 410 has its own.
     """
     response = problems.problem_response(
         problems.RESPONSE_TOO_LARGE,
@@ -268,8 +293,8 @@ def _too_large_to_replay(stored: store.StoredResponse) -> HttpResponseBase:
         "fetch its result instead (see the Location header, if any).",
         extensions={"original_status": stored.status},
     )
-    for name, value in stored.headers:
-        if name.lower() not in ("content-type", "content-language"):
+    for name, value in policy.filter(stored.headers):
+        if not name.lower().startswith(_BODY_HEADERS):
             response[name] = value
     response[REPLAYED_HEADER] = "true"
     return response

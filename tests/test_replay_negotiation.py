@@ -1,0 +1,94 @@
+"""A replay is the stored representation, whatever the retry's ``Accept`` (docs/faq.md)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+
+import pytest
+from django.utils import timezone
+
+from django_idempotency.models import IdempotencyRecord, RecordState
+from tests.testapp.models import Widget
+
+pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.replay_app")]
+
+UNRENDERABLE = "application/xml"
+#: One protected view per way of protecting it.
+VIEWS = {
+    "below @api_view": ("/x/export", {}),
+    "above @api_view": ("/x/gzip", {}),
+    "IdempotentMixin": ("/x/receipt", {"name": "r"}),
+    "ViewSet action (mixin)": ("/vs/widgets/", {"name": "v"}),
+    "method with ReplayNegotiation": ("/x/method", {}),
+}
+
+
+def post(client, url, key, data=None, accept=None):
+    extra = {"HTTP_ACCEPT": accept} if accept else {}
+    return client.post(url, data or {}, format="json", HTTP_IDEMPOTENCY_KEY=key, **extra)
+
+
+@pytest.mark.parametrize("way", VIEWS)
+def test_a_retry_no_renderer_fits_gets_the_stored_representation(api, key, way):
+    url, data = VIEWS[way]
+    first = post(api, url, key, data, accept="application/json")
+    assert first.status_code == 201
+    again = post(api, url, key, data, accept=UNRENDERABLE)
+    assert again.status_code == 201, again.content
+    assert again["Idempotent-Replayed"] == "true"
+    assert again.content == first.content
+    assert again["Content-Type"] == first["Content-Type"]
+    assert Widget.objects.count() == 1
+
+
+@pytest.mark.parametrize("way", VIEWS)
+def test_a_first_request_no_renderer_fits_is_still_406_and_claims_nothing(api, key, way):
+    url, data = VIEWS[way]
+    response = post(api, url, key, data, accept=UNRENDERABLE)
+    assert response.status_code == 406
+    assert IdempotencyRecord.objects.count() == 0
+    assert Widget.objects.count() == 0
+    assert post(api, url, key, data).status_code == 201  # the key is still free
+
+
+def test_a_retry_asking_for_another_renderable_format_gets_the_stored_json(api, key):
+    first = post(api, "/x/receipt", key, {"name": "r"}, accept="application/json")
+    again = post(api, "/x/receipt", key, {"name": "r"}, accept="text/html")
+    assert again["Idempotent-Replayed"] == "true"
+    assert again["Content-Type"] == "application/json" and again.content == first.content
+
+
+def test_no_renderer_fits_and_another_body_is_still_422(api, key):
+    post(api, "/x/receipt", key, {"name": "r"})
+    response = post(api, "/x/receipt", key, {"name": "other"}, accept=UNRENDERABLE)
+    assert response.status_code == 422
+    assert json.loads(response.content)["type"].endswith("key-reused")
+
+
+def test_no_renderer_fits_while_in_flight_is_409(api, key):
+    post(api, "/x/receipt", key, {"name": "r"})
+    IdempotencyRecord.objects.update(
+        state=RecordState.CLAIMED,
+        owner_token=uuid.uuid4(),
+        response_status=None,
+        lease_until=timezone.now() + dt.timedelta(seconds=60),
+    )
+    response = post(api, "/x/receipt", key, {"name": "r"}, accept=UNRENDERABLE)
+    assert response.status_code == 409
+    assert json.loads(response.content)["type"].endswith("request-in-flight")
+
+
+def test_authentication_still_runs_before_a_replay(api, key):
+    from rest_framework.test import APIClient
+
+    post(api, "/x/receipt", key, {"name": "r"})
+    response = post(APIClient(), "/x/receipt", key, {"name": "r"}, accept=UNRENDERABLE)
+    assert response.status_code in (401, 403)
+    assert "Idempotent-Replayed" not in response
+
+
+def test_an_unprotected_view_keeps_drfs_406(api, key):
+    response = api.get("/vs/widgets/", HTTP_ACCEPT=UNRENDERABLE, HTTP_IDEMPOTENCY_KEY=key)
+    assert response.status_code == 406
