@@ -22,12 +22,9 @@ On the application clock, ``time-machine`` works as well.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any
 
 from django.conf import settings
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import DateTimeField
-from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 _offset_seconds: float = 0.0
@@ -64,7 +61,7 @@ def aware(value: dt.datetime) -> dt.datetime:
     return value.astimezone(dt.UTC)
 
 
-def to_db(value: dt.datetime, connection: BaseDatabaseWrapper) -> Any:
+def to_db(value: dt.datetime, connection: BaseDatabaseWrapper) -> dt.datetime:
     """An instant as a value for ORM queries on ``connection``'s datetime columns.
 
     Args:
@@ -73,15 +70,13 @@ def to_db(value: dt.datetime, connection: BaseDatabaseWrapper) -> Any:
         connection: the database connection the query runs on.
 
     Returns:
-        ``USE_TZ = True``: ``value`` itself. ``USE_TZ = False``: on PostgreSQL, an
-        expression casting the aware value to ``timestamptz`` (a naive value would be
-        read in the session's ``TIME_ZONE``, ambiguous once a year); elsewhere the
-        naive UTC datetime.
+        ``value`` itself with ``USE_TZ = True``, and on backends whose columns hold
+        instants (PostgreSQL's ``timestamptz``: the driver sends the offset, where a
+        naive value would be read in the session's ``TIME_ZONE``, ambiguous once a
+        year). Elsewhere with ``USE_TZ = False``: the naive UTC datetime.
     """
-    if settings.USE_TZ or timezone.is_naive(value):
+    if settings.USE_TZ or timezone.is_naive(value) or connection.features.supports_timezones:
         return value
-    if connection.vendor == "postgresql":
-        return RawSQL("%s::timestamptz", [value], output_field=DateTimeField())
     return value.astimezone(dt.UTC).replace(tzinfo=None)
 
 
