@@ -44,6 +44,8 @@ from django.http import HttpRequest, QueryDict
 from django.http.request import RawPostDataException
 from django.utils.datastructures import MultiValueDict
 
+from . import exact_json
+
 VERSION = b"fp1"
 _FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
 
@@ -76,8 +78,10 @@ def canonical_json(
     """Canonical JSON bytes of parsed ``data``, after removing ``exclude`` paths.
 
     Args:
-        data: a parsed JSON value (dicts, lists, str, int, float, bool, None). Never
-            modified: exclusions apply to a copy (it may be the view's ``request.data``).
+        data: a parsed JSON value (dicts, lists, str, int, float, ``Decimal``, bool,
+            None). Never modified: exclusions apply to a copy (it may be the view's
+            ``request.data``). Numbers count by value (``exact_json.canonical``): a
+            float as the decimal its ``repr`` writes, a ``Decimal`` exactly.
         exclude: dotted field paths such as ``"client_ts"`` or ``"meta.sent_at"``;
             ``*`` steps into every element of a list (``"items.*.nonce"``).
         default: serialiser for values JSON does not know (see ``json.dumps``).
@@ -85,19 +89,24 @@ def canonical_json(
     Returns:
         UTF-8 bytes with sorted keys and no insignificant white space.
     """
+    return _canonical(exact_json.canonical(data), exclude, default=default, copied=True)
+
+
+def _canonical(
+    data: Any,
+    exclude: Iterable[str],
+    *,
+    default: Callable[[Any], Any] | None = None,
+    copied: bool = False,
+) -> bytes:
+    """:func:`canonical_json` for data whose numbers are canonical already."""
     paths = [path.split(".") for path in exclude]
     if paths:
-        data = copy.deepcopy(data)
+        if not copied:
+            data = copy.deepcopy(data)
         for path in paths:
             _drop_path(data, path)
-    return json.dumps(
-        data,
-        sort_keys=True,
-        separators=(",", ":"),
-        ensure_ascii=False,
-        allow_nan=True,
-        default=default,
-    ).encode("utf-8", "surrogatepass")
+    return exact_json.dumps(data, default=default)
 
 
 def _file_digest(upload: Any) -> str:
@@ -196,10 +205,12 @@ def _body_parts(request: HttpRequest, parsed: Any, exclude: Iterable[str]) -> li
         try:
             # Decoded with the declared charset, as DRF's JSONParser does: the same
             # bytes sent as latin-1 and as UTF-8 are two different requests.
-            data = json.loads(body.decode(request.encoding or settings.DEFAULT_CHARSET))
+            text = body.decode(request.encoding or settings.DEFAULT_CHARSET)
+            data = exact_json.loads(text)  # numbers by their exact decimal value
         except (ValueError, LookupError):
             return [b"raw", body]
-        return [b"json", canonical_json(data, exclude)]
+        # Parsed here, so nothing else holds ``data``: exclusions need no copy.
+        return [b"json", _canonical(data, exclude, copied=True)]
     return [b"raw", body]
 
 
