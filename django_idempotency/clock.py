@@ -1,4 +1,4 @@
-"""The one clock that rules leases and retention (docs/storage.md, "One clock").
+"""The one clock that rules leases and retention (docs/storage.md, "The clock", "Time zones").
 
 * PostgreSQL: the database server's clock, ``statement_timestamp()``, read inside the
   statement that needs it. Every app server shares it, so a skewed app-server clock can

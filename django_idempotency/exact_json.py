@@ -4,7 +4,7 @@ The standard library parses JSON numbers into binary floats, so ``100.1`` and
 ``100.10000000000000001`` become the same float; a view that parses with ``Decimal``
 tells them apart. Here every number is compared by its exact decimal value, and
 numerically equal numbers are equal whatever their spelling (docs/protocol.md,
-"Fingerprint"): ``1e2``, ``100``, ``100.0`` and ``1.00E+2`` are one number, ``-0`` is
+"Numbers in JSON bodies"): ``1e2``, ``100``, ``100.0`` and ``1.00E+2`` are one number, ``-0`` is
 ``0``. Each number becomes a value whose canonical text is a function of the number
 alone:
 

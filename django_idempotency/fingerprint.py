@@ -1,4 +1,7 @@
-"""The request fingerprint (SPEC §3): SHA-256 over what makes two requests "the same".
+"""The request fingerprint: SHA-256 over what makes two requests "the same".
+
+The rules, and why, are in docs/concepts.md ("Fingerprint") and docs/protocol.md
+("Numbers in JSON bodies").
 
 Inputs, in order, each framed by its length so no two inputs can run together:
 
@@ -16,6 +19,8 @@ Inputs, in order, each framed by its length so no two inputs can run together:
      (default ``DEFAULT_CHARSET``), parsed and re-serialised canonically
      (keys sorted, compact separators, non-ASCII kept). Key order and white space do
      not matter; ``{}``, ``[]``, ``null`` and an absent field all stay distinct.
+     Numbers count by their exact decimal value (``exact_json``): ``1e2`` is ``100``,
+     ``100.10000000000000001`` is not ``100.1``.
      Excluded fields (``FINGERPRINT_EXCLUDE``, dotted paths) are removed first.
      A body that is not valid JSON is hashed as raw bytes.
    * ``multipart/form-data`` and ``application/x-www-form-urlencoded``, whatever the
@@ -26,7 +31,8 @@ Inputs, in order, each framed by its length so no two inputs can run together:
      methods other than POST must fit it (else 413).
    * anything else: the raw bytes.
    * a body a parser consumed before the claim (DRF's CSRF check under session
-     authentication parses it): the parser's result, canonically serialised.
+     authentication parses it): the parser's result, canonically serialised, its
+     floats counted as the decimals they print as (what the view sees, too).
 """
 
 from __future__ import annotations
