@@ -30,9 +30,11 @@ Inputs, in order, each framed by its length so no two inputs can run together:
      view (``request.body``) when it fits ``DATA_UPLOAD_MAX_MEMORY_SIZE``; forms of
      methods other than POST must fit it (else 413).
    * anything else: the raw bytes.
-   * a body a parser consumed before the claim (DRF's CSRF check under session
-     authentication parses it): the parser's result, canonically serialised, its
-     floats counted as the decimals they print as (what the view sees, too).
+   * a body a parser consumed as a stream before the claim (DRF's CSRF check under
+     session authentication parses it; DRF's JSON and form parsers keep the bytes in
+     ``request.body``, so this is only for other parsers): the parser's result,
+     canonically serialised, its floats counted as the decimals they print as (what
+     the view sees, too).
 """
 
 from __future__ import annotations

@@ -11,14 +11,26 @@ from __future__ import annotations
 import json
 import uuid
 from decimal import Decimal
+from typing import Any
 
 import pytest
+from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.test import Client, RequestFactory
 from django.test.client import encode_multipart
 from django.urls import path
 from hypothesis import given
 from hypothesis import strategies as st
+from rest_framework.authentication import SessionAuthentication
+from rest_framework.decorators import (
+    api_view,
+    authentication_classes,
+    parser_classes,
+    permission_classes,
+)
+from rest_framework.parsers import BaseParser, JSONParser
+from rest_framework.request import Request
+from rest_framework.response import Response
 
 from django_idempotency import exact_json, idempotent
 from django_idempotency.fingerprint import _body_parts, canonical_json, compute
@@ -218,7 +230,46 @@ def pay(request: HttpRequest) -> HttpResponse:
     return JsonResponse({"charged": str(amount)}, status=201)
 
 
-urlpatterns = [path("pay", pay)]
+class DecimalJSONParser(JSONParser):
+    """A DRF parser that keeps every digit of the amounts."""
+
+    def parse(self, stream: Any, media_type: Any = None, parser_context: Any = None) -> Any:
+        return json.loads(stream.read().decode(), parse_float=Decimal)
+
+
+class StreamJSONParser(BaseParser):
+    """A parser DRF hands the request stream itself: the raw bytes are gone after it."""
+
+    media_type = "application/json"
+
+    def parse(self, stream: Any, media_type: Any = None, parser_context: Any = None) -> Any:
+        return json.load(stream)
+
+
+def _charge(request: Request) -> Response:
+    return Response({"charged": str(request.data["amount"])}, status=201)
+
+
+session_only = [authentication_classes([SessionAuthentication]), permission_classes([])]
+
+drf_pay_decimal = idempotent(
+    api_view(["POST"])(
+        parser_classes([DecimalJSONParser])(session_only[0](session_only[1](_charge)))
+    )
+)
+drf_pay_float = idempotent(api_view(["POST"])(session_only[0](session_only[1](_charge))))
+drf_pay_stream = idempotent(
+    api_view(["POST"])(
+        parser_classes([StreamJSONParser])(session_only[0](session_only[1](_charge)))
+    )
+)
+
+urlpatterns = [
+    path("pay", pay),
+    path("drf/decimal", drf_pay_decimal),
+    path("drf/float", drf_pay_float),
+    path("drf/stream", drf_pay_stream),
+]
 
 
 @pytest.mark.urls(__name__)
@@ -240,3 +291,62 @@ def test_decimal_view_does_not_replay_a_different_amount():
     same = send('{"amount": 1.001e2}')  # the same number, spelled differently
     assert same.status_code == 201 and same["Idempotent-Replayed"] == "true"
     assert same.content == first.content
+
+
+def session_client() -> Client:
+    """Session authentication with CSRF enforced: DRF parses the body before the claim."""
+    from tests.factories import UserFactory
+
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(UserFactory())
+    client.cookies[settings.CSRF_COOKIE_NAME] = "a" * 32
+    return client
+
+
+def send_with(client: Client, url: str, key: str, body: str) -> HttpResponse:
+    return client.post(
+        url,
+        data=body,
+        content_type="application/json",
+        HTTP_IDEMPOTENCY_KEY=key,
+        HTTP_X_CSRFTOKEN="a" * 32,
+    )
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+def test_body_parsed_before_the_claim_with_a_decimal_parser_is_exact():
+    """DRF keeps the bytes its JSON parsers read (``request.body``): exact, raw path."""
+    client, key = session_client(), str(uuid.uuid4())
+    first = send_with(client, "/drf/decimal", key, '{"amount": 100.1}')
+    assert first.status_code == 201, first.content
+    other = send_with(client, "/drf/decimal", key, '{"amount": 100.10000000000000001}')
+    assert other.status_code == 422, other.content
+    same = send_with(client, "/drf/decimal", key, '{"amount": 100.10}')
+    assert same.status_code == 201 and same["Idempotent-Replayed"] == "true"
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+def test_body_parsed_before_the_claim_by_drf_json_parser_is_exact():
+    client, key = session_client(), str(uuid.uuid4())
+    first = send_with(client, "/drf/float", key, '{"amount": 100.1}')
+    assert first.status_code == 201 and first.json() == {"charged": "100.1"}
+    other = send_with(client, "/drf/float", key, '{"amount": 100.10000000000000001}')
+    assert other.status_code == 422, other.content
+    same = send_with(client, "/drf/float", key, '{"amount": 1001e-1}')
+    assert same.status_code == 201 and same["Idempotent-Replayed"] == "true"
+
+
+@pytest.mark.urls(__name__)
+@pytest.mark.django_db(transaction=True)
+def test_stream_consumed_before_the_claim_counts_what_the_view_sees():
+    """The documented limit: a parser that consumed the stream left only its floats."""
+    client, key = session_client(), str(uuid.uuid4())
+    first = send_with(client, "/drf/stream", key, '{"amount": 100.1}')
+    assert first.status_code == 201 and first.json() == {"charged": "100.1"}
+    again = send_with(client, "/drf/stream", key, '{"amount": 100.10000000000000001}')
+    assert again.status_code == 201 and again["Idempotent-Replayed"] == "true"
+    assert again.content == first.content  # the view would have charged 100.1 again
+    assert send_with(client, "/drf/stream", key, '{"amount": 100.0}').status_code == 422
+    assert send_with(client, "/drf/stream", key, '{"amount": 1.001e2}').status_code == 201
