@@ -274,3 +274,38 @@ def test_enqueue_available_at_is_an_instant(store_clock: StoreClock) -> None:
     finally:
         outbox.unregister("tz.topic")
     assert seen == ["aware", "naive"]
+
+
+def test_admin_lists_records_and_retries_dead_messages(store_clock: StoreClock) -> None:
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    client = Client()
+    client.force_login(get_user_model().objects.create_superuser("root", "r@example.com", "pw"))
+    moment = dt.datetime(2026, 7, 1, 9, 30, tzinfo=dt.UTC)  # 11:30 in Paris
+    record = _old_record(store_clock, moment)
+    base = "/admin/django_idempotency/idempotencyrecord/"
+    assert client.get(base).status_code == 200
+    detail = client.get(f"{base}{record}/change/")
+    assert detail.status_code == 200
+    # What Django shows for naive datetimes: UTC as stored on SQLite, local time as
+    # Django reads timestamptz on PostgreSQL (docs/storage.md, "Time zones").
+    shown = "11:30 a.m." if connection.vendor == "postgresql" else "9:30 a.m."
+    assert shown in detail.content.decode()
+
+    with transaction.atomic():
+        dead = outbox.enqueue("tz.topic", {"n": 1}, available_at=moment)
+    OutboxMessage.objects.filter(pk=dead.pk).update(state=OutboxState.DEAD, attempts=5)
+    response = client.post(
+        "/admin/django_idempotency/outboxmessage/",
+        {"action": "retry_dead", "_selected_action": [dead.pk]},
+        follow=True,
+    )
+    assert "1 dead message will be retried." in response.content.decode()
+    seen: list[int] = []
+    outbox.register("tz.topic")(lambda message, dedup_key: seen.append(message.pk))
+    try:
+        assert relay.deliver_batch(10) == 1  # due now, by the real clock
+    finally:
+        outbox.unregister("tz.topic")
+    assert seen == [dead.pk]
