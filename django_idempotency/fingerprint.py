@@ -1,4 +1,7 @@
-"""The request fingerprint (SPEC §3): SHA-256 over what makes two requests "the same".
+"""The request fingerprint: SHA-256 over what makes two requests "the same".
+
+The rules, and why, are in docs/concepts.md ("Fingerprint") and docs/protocol.md
+("Numbers in JSON bodies").
 
 Inputs, in order, each framed by its length so no two inputs can run together:
 
@@ -16,6 +19,8 @@ Inputs, in order, each framed by its length so no two inputs can run together:
      (default ``DEFAULT_CHARSET``), parsed and re-serialised canonically
      (keys sorted, compact separators, non-ASCII kept). Key order and white space do
      not matter; ``{}``, ``[]``, ``null`` and an absent field all stay distinct.
+     Numbers count by their exact decimal value (``exact_json``): ``1e2`` is ``100``,
+     ``100.10000000000000001`` is not ``100.1``.
      Excluded fields (``FINGERPRINT_EXCLUDE``, dotted paths) are removed first.
      A body that is not valid JSON is hashed as raw bytes.
    * ``multipart/form-data`` and ``application/x-www-form-urlencoded``, whatever the
@@ -25,8 +30,11 @@ Inputs, in order, each framed by its length so no two inputs can run together:
      view (``request.body``) when it fits ``DATA_UPLOAD_MAX_MEMORY_SIZE``; forms of
      methods other than POST must fit it (else 413).
    * anything else: the raw bytes.
-   * a body a parser consumed before the claim (DRF's CSRF check under session
-     authentication parses it): the parser's result, canonically serialised.
+   * a body a parser consumed as a stream before the claim (DRF's CSRF check under
+     session authentication parses it; DRF's JSON and form parsers keep the bytes in
+     ``request.body``, so this is only for other parsers): the parser's result,
+     canonically serialised, its floats counted as the decimals they print as (what
+     the view sees, too).
 """
 
 from __future__ import annotations
@@ -43,6 +51,8 @@ from django.conf import settings
 from django.http import HttpRequest, QueryDict
 from django.http.request import RawPostDataException
 from django.utils.datastructures import MultiValueDict
+
+from . import exact_json
 
 VERSION = b"fp1"
 _FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
@@ -76,8 +86,10 @@ def canonical_json(
     """Canonical JSON bytes of parsed ``data``, after removing ``exclude`` paths.
 
     Args:
-        data: a parsed JSON value (dicts, lists, str, int, float, bool, None). Never
-            modified: exclusions apply to a copy (it may be the view's ``request.data``).
+        data: a parsed JSON value (dicts, lists, str, int, float, ``Decimal``, bool,
+            None). Never modified: exclusions apply to a copy (it may be the view's
+            ``request.data``). Numbers count by value (``exact_json.canonical``): a
+            float as the decimal its ``repr`` writes, a ``Decimal`` exactly.
         exclude: dotted field paths such as ``"client_ts"`` or ``"meta.sent_at"``;
             ``*`` steps into every element of a list (``"items.*.nonce"``).
         default: serialiser for values JSON does not know (see ``json.dumps``).
@@ -85,19 +97,24 @@ def canonical_json(
     Returns:
         UTF-8 bytes with sorted keys and no insignificant white space.
     """
+    return _canonical(exact_json.canonical(data), exclude, default=default, copied=True)
+
+
+def _canonical(
+    data: Any,
+    exclude: Iterable[str],
+    *,
+    default: Callable[[Any], Any] | None = None,
+    copied: bool = False,
+) -> bytes:
+    """:func:`canonical_json` for data whose numbers are canonical already."""
     paths = [path.split(".") for path in exclude]
     if paths:
-        data = copy.deepcopy(data)
+        if not copied:
+            data = copy.deepcopy(data)
         for path in paths:
             _drop_path(data, path)
-    return json.dumps(
-        data,
-        sort_keys=True,
-        separators=(",", ":"),
-        ensure_ascii=False,
-        allow_nan=True,
-        default=default,
-    ).encode("utf-8", "surrogatepass")
+    return exact_json.dumps(data, default=default)
 
 
 def _file_digest(upload: Any) -> str:
@@ -196,10 +213,12 @@ def _body_parts(request: HttpRequest, parsed: Any, exclude: Iterable[str]) -> li
         try:
             # Decoded with the declared charset, as DRF's JSONParser does: the same
             # bytes sent as latin-1 and as UTF-8 are two different requests.
-            data = json.loads(body.decode(request.encoding or settings.DEFAULT_CHARSET))
+            text = body.decode(request.encoding or settings.DEFAULT_CHARSET)
+            data = exact_json.loads(text)  # numbers by their exact decimal value
         except (ValueError, LookupError):
             return [b"raw", body]
-        return [b"json", canonical_json(data, exclude)]
+        # Parsed here, so nothing else holds ``data``: exclusions need no copy.
+        return [b"json", _canonical(data, exclude, copied=True)]
     return [b"raw", body]
 
 

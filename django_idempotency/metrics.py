@@ -284,16 +284,19 @@ def outbox_stats(using: str | None = None) -> OutboxStats:
             pending, due, dead, lag, oldest = cursor.fetchone()
         return OutboxStats(int(pending), int(due), int(dead), float(lag), float(oldest))
     moment = clock.app_now()
+    due = clock.to_db(moment, connection)
     messages = OutboxMessage.objects.using(using)
     agg = messages.filter(state=OutboxState.PENDING).aggregate(
         pending=Count("pk"),
-        due=Count("pk", filter=Q(available_at__lte=moment)),
-        first_due=Min("available_at", filter=Q(available_at__lte=moment)),
+        due=Count("pk", filter=Q(available_at__lte=due)),
+        first_due=Min("available_at", filter=Q(available_at__lte=due)),
         first_created=Min("created_at"),
     )
 
     def age(value: Any) -> float:
-        return max(0.0, (moment - value).total_seconds()) if value is not None else 0.0
+        if value is None:
+            return 0.0
+        return max(0.0, (moment - clock.from_db(value, connection)).total_seconds())
 
     return OutboxStats(
         pending=agg["pending"],

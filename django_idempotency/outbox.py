@@ -136,7 +136,8 @@ def enqueue(
             the same code derives the same keys. Elsewhere: a random UUID
             (32 hex characters).
         using: database alias; default: the router's choice for ``OutboxMessage``.
-        available_at: not delivered before this aware datetime (default: now).
+        available_at: not delivered before this datetime (default: now); a naive
+            one is local time in ``TIME_ZONE``, as everywhere in Django.
 
     Returns:
         The message. If a message with the same ``(topic, dedup_key)`` exists already,
@@ -189,6 +190,8 @@ def _insert(
     """One INSERT on PostgreSQL (``ON CONFLICT DO NOTHING``); a savepoint elsewhere."""
     connection = connections[using]
     fields = {"topic": topic, "payload": payload, "dedup_key": dedup_key, "record_id": record_id}
+    if available_at is not None:
+        available_at = clock.aware(available_at)
     if connection.vendor == "postgresql":
         now_sql, now_params = pg_now()
         json_value = OutboxMessage._meta.get_field("payload").get_db_prep_save(payload, connection)
@@ -203,11 +206,12 @@ def _insert(
         message._state.adding = False
         message._state.db = using
         return message
-    now = clock.app_now()
+    now = clock.to_db(clock.app_now(), connection)
+    due = now if available_at is None else clock.to_db(available_at, connection)
     try:
         with transaction.atomic(using=using):
             return OutboxMessage.objects.using(using).create(
-                available_at=available_at or now, created_at=now, **fields
+                available_at=due, created_at=now, **fields
             )
     except IntegrityError:
         return OutboxMessage.objects.using(using).get(topic=topic, dedup_key=dedup_key)

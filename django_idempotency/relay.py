@@ -72,8 +72,9 @@ UPDATE django_idempotency_outbox AS m
 SET attempts = m.attempts + 1, available_at = {now} + %(lease)s * interval '1 second'
 FROM due
 WHERE m.id = due.id
-RETURNING m.id, m.topic, m.payload, m.dedup_key, m.attempts, m.available_at,
-          m.created_at, m.record_id, due.available_at AS due_at,
+RETURNING m.id, m.topic, m.payload, m.dedup_key, m.attempts,
+          m.available_at AT TIME ZONE 'UTC', m.created_at AT TIME ZONE 'UTC',
+          m.record_id, due.available_at AS due_at,
           EXTRACT(EPOCH FROM {now} - m.created_at)::float8 AS age
 """
 
@@ -112,7 +113,7 @@ def now(using: str, plus_seconds: float = 0.0) -> Any:
     if connections[using].vendor == "postgresql":
         sql, params = pg_now()
         return RawSQL(f"({sql} + %s * interval '1 second')", [*params, plus_seconds])
-    return clock.app_now() + dt.timedelta(seconds=plus_seconds)
+    return clock.to_db(clock.app_now() + dt.timedelta(seconds=plus_seconds), connections[using])
 
 
 def deliver_batch(
@@ -196,8 +197,10 @@ def _claim(using: str, limit: int, lease: float) -> list[_Claimed]:
                 payload=json.loads(row[2]) if isinstance(row[2], str) else row[2],
                 dedup_key=row[3],
                 attempts=row[4],
-                available_at=row[5],
-                created_at=row[6],
+                # Read as UTC in SQL: exact for the fence below whatever the
+                # session's time zone (USE_TZ = False sets it to TIME_ZONE).
+                available_at=clock.utc_from_naive(row[5]),
+                created_at=clock.utc_from_naive(row[6]),
                 record_id=row[7],
             )
             message._state.adding = False
@@ -209,11 +212,13 @@ def _claim(using: str, limit: int, lease: float) -> list[_Claimed]:
 
 def _claim_generic(using: str, limit: int, lease: float) -> list[_Claimed]:
     """Claim by conditional UPDATEs, one per message (no SKIP LOCKED here)."""
+    connection = connections[using]
     moment = clock.app_now()
-    until = moment + dt.timedelta(seconds=lease)
+    until = clock.to_db(moment + dt.timedelta(seconds=lease), connection)
+    due = clock.to_db(moment, connection)
     manager = OutboxMessage.objects.using(using)
     candidates = list(
-        manager.filter(state=OutboxState.PENDING, available_at__lte=moment)
+        manager.filter(state=OutboxState.PENDING, available_at__lte=due)
         .order_by("available_at", "id")
         .values_list("id", "attempts")[:limit]
     )
@@ -222,12 +227,16 @@ def _claim_generic(using: str, limit: int, lease: float) -> list[_Claimed]:
             pk
             for pk, attempts in candidates
             if manager.filter(
-                pk=pk, state=OutboxState.PENDING, attempts=attempts, available_at__lte=moment
+                pk=pk, state=OutboxState.PENDING, attempts=attempts, available_at__lte=due
             ).update(attempts=attempts + 1, available_at=until)
         ]
     messages = {m.pk: m for m in manager.filter(pk__in=won)}
     return [
-        _Claimed(messages[pk], (moment - messages[pk].created_at).total_seconds()) for pk in won
+        _Claimed(
+            messages[pk],
+            (moment - clock.from_db(messages[pk].created_at, connection)).total_seconds(),
+        )
+        for pk in won
     ]
 
 
@@ -241,7 +250,7 @@ def _fenced(using: str, message: OutboxMessage) -> Any:
         pk=message.pk,
         state=OutboxState.PENDING,
         attempts=message.attempts,
-        available_at=message.available_at,
+        available_at=clock.to_db(message.available_at, connections[using]),
     )
 
 
@@ -271,7 +280,7 @@ def _mark_sent(using: str, sent: list[_Claimed]) -> None:
     """
     if not sent:
         return
-    until = sent[0].message.available_at
+    until = clock.to_db(sent[0].message.available_at, connections[using])
     ids = [item.message.pk for item in sent]
     manager = OutboxMessage.objects.using(using)
     updated = manager.filter(pk__in=ids, state=OutboxState.PENDING, available_at=until).update(
@@ -376,5 +385,6 @@ def _hand_back(using: str, messages: list[OutboxMessage]) -> None:
     OutboxMessage.objects.using(using).filter(
         pk__in=[m.pk for m in messages],
         state=OutboxState.PENDING,
-        available_at=messages[0].available_at,  # still this claim (see _mark_sent)
+        # still this claim (see _mark_sent)
+        available_at=clock.to_db(messages[0].available_at, connections[using]),
     ).update(attempts=F("attempts") - 1, available_at=now(using))

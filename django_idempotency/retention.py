@@ -106,9 +106,14 @@ def store_now(connection: BaseDatabaseWrapper) -> dt.datetime:
     if connection.vendor != "postgresql":
         return clock.app_now()
     with connection.cursor() as cursor:
-        cursor.execute("SELECT statement_timestamp() + %s * interval '1 second'", [clock.offset()])
+        # Read as UTC in SQL: exact whatever the session's time zone (USE_TZ = False
+        # sets it to TIME_ZONE, and Django then strips the offset).
+        cursor.execute(
+            "SELECT (statement_timestamp() + %s * interval '1 second') AT TIME ZONE 'UTC'",
+            [clock.offset()],
+        )
         (now,) = cursor.fetchone()
-    return now.astimezone(dt.UTC)  # type: ignore[no-any-return]
+    return clock.utc_from_naive(now)
 
 
 def days_ahead() -> int:
@@ -160,7 +165,9 @@ def sweep(using: str | None = None, *, dry_run: bool = False) -> SweepReport:
                 report.deleted_records = _delete(_forgettable(using, now), dry_run=dry_run)
             sent = OutboxMessage.objects.using(using).filter(
                 state=OutboxState.SENT,
-                sent_at__lt=now - dt.timedelta(seconds=conf.outbox_retention),
+                sent_at__lt=clock.to_db(
+                    now - dt.timedelta(seconds=conf.outbox_retention), connection
+                ),
             )
             report.deleted_outbox = _delete(sent, dry_run=dry_run)
     report.seconds = time.monotonic() - started
@@ -209,6 +216,7 @@ def _unlock(connection: BaseDatabaseWrapper) -> None:
 
 def _forgettable(using: str, now: dt.datetime) -> QuerySet[IdempotencyRecord]:
     """Records past their window and their lease: no claim can need them any more."""
+    now = clock.to_db(now, connections[using])
     return IdempotencyRecord.objects.using(using).filter(
         Q(state=RecordState.COMPLETED) | Q(lease_until__lte=now), expires_at__lte=now
     )

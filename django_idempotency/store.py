@@ -177,7 +177,7 @@ def _now_value(using: str, plus_seconds: float = 0.0) -> Any:
     if connections[using].vendor == "postgresql":
         sql, params = pg_now()
         return RawSQL(f"({sql} + %s * interval '1 second')", [*params, plus_seconds])
-    return clock.app_now() + dt.timedelta(seconds=plus_seconds)
+    return clock.to_db(clock.app_now() + dt.timedelta(seconds=plus_seconds), connections[using])
 
 
 def _headers_from_db(value: Any) -> Headers:
@@ -249,8 +249,9 @@ def fetch(scope: Scope, *, using: str | None = None) -> Existing | None:
         return None
     values: dict[str, Any] = dict(found)
     now = clock.app_now()
-    values["lease_remaining"] = (values["lease_until"] - now).total_seconds()
-    values["expired"] = values["expires_at"] <= now
+    lease_until = clock.from_db(values["lease_until"], connection)
+    values["lease_remaining"] = (lease_until - now).total_seconds()
+    values["expired"] = clock.from_db(values["expires_at"], connection) <= now
     return _existing(values)
 
 
@@ -386,10 +387,10 @@ def _insert(
                 **_scope_filter(scope),
                 fingerprint=fingerprint,
                 owner_token=token,
-                lease_until=now + dt.timedelta(seconds=lease),
-                created_at=now,
-                expires_at=window_end,
-                sweep_after=window_end,
+                lease_until=clock.to_db(now + dt.timedelta(seconds=lease), connection),
+                created_at=clock.to_db(now, connection),
+                expires_at=clock.to_db(window_end, connection),
+                sweep_after=clock.to_db(window_end, connection),
             )
     except IntegrityError:
         return None, fetch(scope, using=using)
