@@ -30,7 +30,7 @@ logger = logging.getLogger("django_idempotency")
 #: (psycopg's ``pq.TransactionStatus.INERROR``, psycopg2's ``TRANSACTION_STATUS_INERROR``).
 _INERROR = 3
 
-_FAQ = "https://django-idempotency.readthedocs.io/en/stable/faq/#outer-transaction"
+_FAQ = "the FAQ, 'Duplicates wait instead of getting a 409' (docs/faq.md)"
 
 _warned: set[str] = set()
 _warned_lock = threading.Lock()

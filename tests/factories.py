@@ -39,3 +39,16 @@ class IdempotencyRecordFactory(factory.django.DjangoModelFactory):
     created_at = factory.LazyFunction(timezone.now)
     lease_until = factory.LazyAttribute(lambda o: o.created_at + dt.timedelta(seconds=60))
     expires_at = factory.LazyAttribute(lambda o: o.created_at + dt.timedelta(days=1))
+
+    @classmethod
+    def _create(cls, model_class, *args, **kwargs):
+        """On the partitioned table, make sure the record's day partition exists."""
+        from django.db import connection
+
+        from django_idempotency import partitions
+        from django_idempotency._pg_partitioned import is_partitioned
+
+        if is_partitioned(connection):
+            day = kwargs.get("sweep_after") or kwargs["expires_at"]
+            partitions.ensure(connection, day.astimezone(dt.UTC).date())
+        return super()._create(model_class, *args, **kwargs)

@@ -9,6 +9,8 @@ views' windows are. Every row is copied. The plain table (and other databases) o
 gets the column.
 """
 
+import datetime as dt
+
 from django.db import migrations, models
 
 
@@ -48,7 +50,9 @@ def repartition(apps, schema_editor, *, version):
         schema_editor.execute(sql)
     schema_editor.deferred_sql.clear()
     today = retention.store_now(connection).date()
-    partitions.to_partitioned(connection, keep_since=None, days=[today], version=version)
+    # The days a claim made now may need, as the sweeper would create them.
+    days = [today + dt.timedelta(days=n) for n in range(retention.days_ahead() + 1)]
+    partitions.to_partitioned(connection, keep_since=None, days=days, version=version)
 
 
 def forwards(apps, schema_editor):
