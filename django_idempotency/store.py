@@ -356,13 +356,16 @@ def _insert(
             raise
         except DatabaseError as exc:
             if (
-                getattr(exc.__cause__, "sqlstate", None) == _NOT_READ_COMMITTED
+                getattr(exc.__cause__, "sqlstate", None)
+                in (_NOT_READ_COMMITTED, _SERIALIZATION_FAILURE)
                 and not connection.in_atomic_block
                 and connection.alias not in _strict_databases
             ):
                 # The server's default isolation is stricter than Django was told
-                # (ALTER DATABASE/ROLE ... SET default_transaction_isolation): from now
-                # on this database's claims open their own READ COMMITTED transaction.
+                # (ALTER DATABASE/ROLE ... SET default_transaction_isolation): the
+                # partitioned claim refused it, or the plain table's INSERT could not
+                # serialize behind a concurrent claim. From now on this database's
+                # claims open their own READ COMMITTED transaction.
                 _strict_databases.add(connection.alias)
                 return None, None
             forget_table_kind()  # perhaps a migration changed the table under us

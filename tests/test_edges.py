@@ -425,7 +425,7 @@ def test_a_heartbeat_is_refused_clearly_at_stricter_levels(table, strict_isolati
 
 
 @pytest.mark.postgres
-def test_a_server_default_isolation_is_detected_by_the_claim(api, key):
+def test_a_server_default_isolation_is_detected_by_the_claim(table, api, key):
     """Django thinks READ COMMITTED; the server defaults to REPEATABLE READ."""
     name = connection.settings_dict["NAME"]
     with connection.cursor() as cursor:
