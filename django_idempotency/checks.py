@@ -166,6 +166,32 @@ def check_production_database(
     return warnings
 
 
+@register()
+def check_isolation_level(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """W006: the records' database runs above READ COMMITTED (docs/retention.md)."""
+    from django.db import connections
+
+    from .store import database_for_write, stricter_than_read_committed
+
+    alias = database_for_write()
+    if not stricter_than_read_committed(connections[alias]):
+        return []
+    return [
+        Warning(
+            f"The {alias!r} database, which holds the idempotency records, opens its "
+            "transactions above READ COMMITTED. Claims still work (each runs in its own "
+            "READ COMMITTED transaction, two more round trips), but extend_lease() "
+            "raises HeartbeatUnavailable: a heartbeat committed beside the view's "
+            "transaction would make the view's own completion fail to serialize.",
+            hint="Give long-running views a lease longer than their longest run, or use "
+            "READ COMMITTED for this database. " + _silence_hint("django_idempotency.W006"),
+            id="django_idempotency.W006",
+        )
+    ]
+
+
 def _static_schedules() -> Iterator[Any]:
     """The beat schedules configured in settings or on the running Celery app."""
     for name in ("CELERY_BEAT_SCHEDULE", "CELERYBEAT_SCHEDULE"):

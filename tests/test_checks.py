@@ -218,3 +218,22 @@ def test_w005_sees_atomic_decorators_above_the_claim(callback, where):
 )
 def test_w005_silent_without_atomic_above_the_claim(callback):
     assert _outer_atomic(callback) is None
+
+
+def test_w006_only_above_read_committed(db):
+    from django.db import connection
+
+    from django_idempotency.checks import check_isolation_level
+
+    assert check_isolation_level() == []
+    if connection.vendor != "postgresql":
+        return  # the setting means nothing elsewhere: the check stays silent
+    from django.db.backends.postgresql.psycopg_any import IsolationLevel
+
+    options = connection.settings_dict.setdefault("OPTIONS", {})
+    options["isolation_level"] = IsolationLevel.REPEATABLE_READ
+    try:
+        (message,) = check_isolation_level()
+    finally:
+        del options["isolation_level"]
+    assert message.id == "django_idempotency.W006" and "HeartbeatUnavailable" in message.msg
