@@ -276,3 +276,13 @@ def phased_optional(request):
         with idem.phase("b"):
             Widget.objects.create(name=idem.derive_key("b")[:20])
     return Response({"ok": True}, status=201)
+
+
+@idempotent(lease=5)
+@api_view(["POST"])
+def gate_then_write(request):
+    """Holds at the gate before its first write: on SQLite its transaction holds no lock
+    there, so another request can take the key over and finish meanwhile."""
+    _gate(request)
+    Widget.objects.create(name=request.data.get("name", "gated"))
+    return Response({"name": request.data.get("name", "gated")}, status=201)
