@@ -75,19 +75,31 @@ def record_table(request: pytest.FixtureRequest, transactional_db: Any) -> Itera
             )
 
 
-@pytest.fixture(autouse=True)
-def _fresh_broken_connections() -> Iterator[None]:
-    """A test that killed or broke its connection does not hand it to the next one.
-
-    Fault tests terminate backends; should one fail halfway, the dead connection would
-    otherwise fail every later test's setup and flood the report with unrelated errors.
-    """
-    yield
+def _close_broken_connections() -> None:
     for conn in connections.all(initialized_only=True):
         if conn.connection is None or conn.in_atomic_block:
             continue
-        if not conn.get_autocommit() or (conn.errors_occurred and not conn.is_usable()):
-            conn.close()
+        if not conn.get_autocommit() or not conn.is_usable():
+            conn.close()  # the next query connects afresh
+
+
+@pytest.fixture(autouse=True)
+def _fresh_broken_connections(
+    request: pytest.FixtureRequest, django_db_blocker: Any
+) -> Iterator[None]:
+    """A test that killed or broke its connection does not hand it to the next one.
+
+    Fault tests terminate backends; should one fail halfway, the dead connection would
+    otherwise fail the database teardown (flush) and every later test. Checked before
+    the test and after it, before pytest-django's own teardown (set up first, below).
+    """
+    with django_db_blocker.unblock():
+        _close_broken_connections()
+    if request.node.get_closest_marker("django_db"):
+        request.getfixturevalue("_django_db_helper")  # so its teardown runs after ours
+    yield
+    with django_db_blocker.unblock():
+        _close_broken_connections()
 
 
 @pytest.fixture

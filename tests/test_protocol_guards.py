@@ -4,9 +4,10 @@ Found by mutation (``make mutation``, docs/testing.md): every test here kills at
 one mutant that the rest of the suite let through. The races are made to happen, not
 hoped for: a hook runs the other party (its own thread and database connection)
 exactly between a contender's read and its conditional write, or a real row lock holds
-a statement at that point. Every store-level test runs on each kind of record table:
-the plain table (``PARTITION_RECORDS = False``) and the partitioned one on PostgreSQL,
-and SQLite.
+a statement at that point (the test polls ``pg_stat_activity``, with a deadline, until
+the statement waits for it; nothing else polls or sleeps). Every store-level test runs
+on each kind of record table: the plain table (``PARTITION_RECORDS = False``) and the
+partitioned one on PostgreSQL, and SQLite.
 """
 
 from __future__ import annotations
