@@ -12,6 +12,7 @@ partitioned one on PostgreSQL, and SQLite.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import threading
 import uuid
@@ -77,7 +78,7 @@ def test_a_heartbeat_between_the_read_and_the_takeover_keeps_the_owner(record_ta
     with testing.travel(31):
         contender = claim(sc)
         assert isinstance(contender, store.Existing), contender
-        assert contender.lease_remaining > 0
+        assert contender.lease_remaining > 0 and contender.owner_token == owner.owner_token
         assert owner_of(sc) == owner.owner_token
         done(owner)  # not fenced off: it still owns the key
 
@@ -103,6 +104,7 @@ def test_a_contender_that_read_before_another_took_over_does_not_win(record_tabl
     (first,) = winner
     assert isinstance(first, store.Claim) and first.taken_over
     assert isinstance(loser, store.Existing) and loser.lease_remaining > 0, loser
+    assert loser.owner_token == first.owner_token
     assert owner_of(sc) == first.owner_token
     done(first)
 
@@ -146,6 +148,8 @@ def test_a_record_past_its_window_is_not_replaced_while_its_lease_is_live(record
             duplicate = claim(sc, fp, retention_s=60)
             assert isinstance(duplicate, store.Existing), duplicate
             assert not duplicate.completed and duplicate.lease_remaining > 0
+            # The owner's record is what stands: another body is told 422, not 409.
+            assert (duplicate.record_id, duplicate.fingerprint) == (owner.record_id, FP)
         done(owner)  # the record is still the owner's
     assert IdempotencyRecord.objects.filter(key=sc.key).count() == 1
 
@@ -221,7 +225,7 @@ def test_a_heartbeat_after_the_read_keeps_an_expired_record_from_being_forgotten
             result = claim(sc, retention_s=60)
             done(owner)
     assert isinstance(result, store.Existing), result
-    assert result.lease_remaining > 0
+    assert result.lease_remaining > 0 and result.record_id == owner.record_id
     assert IdempotencyRecord.objects.filter(key=sc.key).count() == 1
 
 
@@ -387,3 +391,34 @@ def test_a_relay_whose_lease_ran_out_cannot_reschedule_the_message(relays):
     message = OutboxMessage.objects.get(topic="tests.fence")
     assert message.state == OutboxState.SENT, (message.state, message.last_error)
     assert message.last_error == ""
+
+
+def test_a_message_on_its_last_attempt_is_not_buried_while_it_is_delivered(relays, settings):
+    """Another relay pass while the last allowed attempt is still being delivered: the
+    message is not dead-lettered under the relay that holds it, whose success stands."""
+    settings.IDEMPOTENCY = {"OUTBOX_MAX_ATTEMPTS": 1}
+    pair = relays({"A": "succeed"})
+    pair.start("A", lease=30.0)
+    assert relay.deliver_batch(10) == 0  # nothing due: A holds the message
+    pair.finish("A")
+    message = OutboxMessage.objects.get(topic="tests.fence")
+    assert message.state == OutboxState.SENT, (message.state, message.last_error)
+
+
+@pytest.mark.postgres
+def test_the_sweeper_creates_the_partitions_of_today_and_the_days_ahead():
+    """After a sweep, today and each of ``PARTITIONS_AHEAD`` days ahead have their
+    partition, so no claim on those days waits for one to be created."""
+    from django_idempotency import partitions, retention
+    from django_idempotency.conf import conf
+
+    try:
+        with testing.travel(40 * DAY):  # days nobody created yet
+            report = retention.sweep()
+            today = report.now.date()
+        expected = {today + dt.timedelta(days=n) for n in range(conf.partitions_ahead + 1)}
+        attached = {p.day for p in partitions.list_partitions(connection) if p.attached}
+        assert expected <= attached, sorted(expected - attached)
+        assert expected <= set(report.created)
+    finally:
+        retention.sweep()  # today's partitions again, for the tests that follow
