@@ -15,6 +15,12 @@ from tests.testapp.gates import GATES, HOOKS, Gate
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--stress", action="store_true", help="run long stress tests")
+    parser.addoption(
+        "--stress-scale",
+        type=float,
+        default=1.0,
+        help="with --stress: multiply the concurrency tests' stress rounds (CI: < 1)",
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -33,7 +33,9 @@ CLIENTS = 16
 
 
 def rounds(request: pytest.FixtureRequest, default: int, stress: int) -> int:
-    return stress if request.config.getoption("--stress") else default
+    if not request.config.getoption("--stress"):
+        return default
+    return max(default, round(stress * request.config.getoption("--stress-scale")))
 
 
 @pytest.fixture
