@@ -1,18 +1,21 @@
 # The two commands of the README:
 #   make demo   set everything up, run leasebroker and a scripted client over real HTTP
 #   make test   set everything up, run the test suite (SQLite; DATABASE_URL for PostgreSQL)
+# Also: make stress (the concurrency tests, many rounds, PostgreSQL), make mutation
+# (does the suite notice when a condition of the protocol is removed? docs/testing.md).
 # Variables: PYTHON (interpreter for the venv), VENV (its folder), DJANGO_SPEC / DRF_SPEC
 # (pin Django / DRF, e.g. "Django>=4.2,<5.0"), DATABASE_URL (the suite's and the demo's
-# database).
+# database), STRESS_SCALE (make stress: fraction of its rounds, e.g. 0.3 in CI).
 
 PYTHON ?= python3
 VENV ?= .venv
 DJANGO_SPEC ?=
 DRF_SPEC ?=
+STRESS_SCALE ?= 1
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test stress storm lint docs install clean
+.PHONY: demo test stress mutation storm lint docs install clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,7 +36,10 @@ storm: $(STAMP)
 
 stress: $(STAMP)
 	@case "$$DATABASE_URL" in postgres*) ;; *) echo "make stress needs PostgreSQL: DATABASE_URL=postgres://... make stress"; exit 2;; esac
-	$(BIN)/python -m pytest --stress tests/test_concurrency.py
+	$(BIN)/python -m pytest --stress --stress-scale $(STRESS_SCALE) tests/test_concurrency.py
+
+mutation: $(STAMP)
+	$(BIN)/python tests/mutation/run.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -1,11 +1,12 @@
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, connections, transaction
 from rest_framework.test import APIClient
 
 from tests.factories import TokenFactory
@@ -14,6 +15,12 @@ from tests.testapp.gates import GATES, HOOKS, Gate
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--stress", action="store_true", help="run long stress tests")
+    parser.addoption(
+        "--stress-scale",
+        type=float,
+        default=1.0,
+        help="with --stress: multiply the concurrency tests' stress rounds (CI: < 1)",
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -27,6 +34,78 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip_pg)
         if "slow" in item.keywords and not config.getoption("--stress"):
             item.add_marker(skip_slow)
+
+
+def _on_postgres() -> bool:
+    from django.conf import settings
+
+    return bool(settings.DATABASES["default"]["ENGINE"].endswith("postgresql"))
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    # ``record_table``: every test using it runs on each kind of record table the
+    # backend has - the plain table and the day-partitioned one on PostgreSQL.
+    if "record_table" in metafunc.fixturenames:
+        kinds = ["plain", "partitioned"] if _on_postgres() else ["sqlite"]
+        metafunc.parametrize("record_table", kinds, indirect=True)
+
+
+@pytest.fixture
+def record_table(request: pytest.FixtureRequest, transactional_db: Any) -> Iterator[str]:
+    """The test database's record table as the parameter says; restored afterwards.
+
+    ``plain``: the table of a project with ``PARTITION_RECORDS = False`` (unique
+    constraint, the store's ORM statements); ``partitioned``: the default on
+    PostgreSQL (the claim function); ``sqlite``: SQLite's plain table.
+    """
+    kind: str = request.param
+    if kind != "plain":
+        yield kind
+        return
+    from django_idempotency import partitions
+    from django_idempotency.models import IdempotencyRecord
+
+    with connection.schema_editor() as editor:
+        partitions.to_plain(connection, editor, IdempotencyRecord)
+    try:
+        yield kind
+    finally:
+        connections.close_all()  # threads' connections are gone; ours re-reads the kind
+        from django_idempotency import retention
+
+        now = retention.store_now(connection)
+        days = [now.date() + dt.timedelta(days=n) for n in range(3)]
+        with transaction.atomic():
+            partitions.to_partitioned(
+                connection, keep_since=dt.datetime(1970, 1, 1, tzinfo=dt.UTC), days=days
+            )
+
+
+def _close_broken_connections() -> None:
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is None or conn.in_atomic_block:
+            continue
+        if not conn.get_autocommit() or not conn.is_usable():
+            conn.close()  # the next query connects afresh
+
+
+@pytest.fixture(autouse=True)
+def _fresh_broken_connections(
+    request: pytest.FixtureRequest, django_db_blocker: Any
+) -> Iterator[None]:
+    """A test that killed or broke its connection does not hand it to the next one.
+
+    Fault tests terminate backends; should one fail halfway, the dead connection would
+    otherwise fail the database teardown (flush) and every later test. Checked before
+    the test and after it, before pytest-django's own teardown (set up first, below).
+    """
+    with django_db_blocker.unblock():
+        _close_broken_connections()
+    if request.node.get_closest_marker("django_db"):
+        request.getfixturevalue("_django_db_helper")  # so its teardown runs after ours
+    yield
+    with django_db_blocker.unblock():
+        _close_broken_connections()
 
 
 @pytest.fixture

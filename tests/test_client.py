@@ -25,12 +25,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+import stamina
 
-httpx = pytest.importorskip("httpx")
-stamina = pytest.importorskip("stamina")
-
-from django_idempotency.client import (  # noqa: E402
+from django_idempotency.client import (
     RELEASED_4XX,
     AsyncIdempotentClient,
     AttemptEvent,
@@ -46,7 +45,7 @@ from django_idempotency.client import (  # noqa: E402
     retry_after_seconds,
     verdict,
 )
-from tests.test_example_project import EXAMPLE, run_in_example, sqlite_url  # noqa: E402
+from tests.test_example_project import EXAMPLE, run_in_example, sqlite_url
 
 PROBLEM_BASE = "https://django-idempotency.readthedocs.io/en/stable/problems/#"
 NO_JITTER = Backoff(initial=0.1, maximum=5.0, random=lambda: 0.5)

@@ -1,17 +1,23 @@
-"""Concurrent duplicates with real threads and separate connections (SPEC §4).
+"""Concurrent duplicates with real threads and separate connections (docs/protocol.md).
 
-PostgreSQL only: SQLite serialises writers on one lock, so a view holding a write
-transaction blocks every other writer instead of racing it (see docs/storage.md).
-Rounds are repeated to catch races; ``--stress`` repeats them many more times.
+Every test runs on each kind of record table (``record_table``): on PostgreSQL the
+plain table (``PARTITION_RECORDS = False``) and the day-partitioned one; the store-level
+races also on SQLite, where threads of one process still race. Requests held inside
+the view run on PostgreSQL only: SQLite serialises writers on one lock, so a view
+holding a write transaction blocks every other writer instead of racing it (see
+docs/storage.md). Rounds are repeated to catch races; ``--stress`` repeats them many
+more times.
 """
 
 from __future__ import annotations
 
 import json
 import threading
+import time
 import uuid
 
 import pytest
+from django.db import transaction
 
 from django_idempotency import store, testing
 from django_idempotency.models import IdempotencyRecord, RecordState
@@ -20,13 +26,16 @@ from tests.factories import TokenFactory
 from tests.testapp.gates import GATES, HOOKS, Gate
 from tests.testapp.models import Widget
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = pytest.mark.django_db(transaction=True)
+pg_only = pytest.mark.postgres
 
 CLIENTS = 16
 
 
 def rounds(request: pytest.FixtureRequest, default: int, stress: int) -> int:
-    return stress if request.config.getoption("--stress") else default
+    if not request.config.getoption("--stress"):
+        return default
+    return max(default, round(stress * request.config.getoption("--stress-scale")))
 
 
 @pytest.fixture
@@ -38,7 +47,8 @@ def _post(token_key, url, body, key, **extra):
     return token_client(token_key).post(url, body, format="json", HTTP_IDEMPOTENCY_KEY=key, **extra)
 
 
-def test_16_duplicates_while_the_first_is_held_mid_flight(request, token):
+@pg_only
+def test_16_duplicates_while_the_first_is_held_mid_flight(record_table, request, token):
     for _ in range(rounds(request, 3, 30)):
         key, gate_name = str(uuid.uuid4()), uuid.uuid4().hex
         gate = GATES[gate_name] = Gate()
@@ -53,10 +63,9 @@ def test_16_duplicates_while_the_first_is_held_mid_flight(request, token):
             runner.start(client)
         assert gate.entered.wait(30), "no request reached the view"
         # Every duplicate answers while the owner is still held at the gate.
-        while True:
-            done = [t for t in runner.threads if not t.is_alive()]
-            if len(done) >= CLIENTS - 1:
-                break
+        deadline = time.monotonic() + 60
+        while sum(not t.is_alive() for t in runner.threads) < CLIENTS - 1:
+            assert time.monotonic() < deadline, "the duplicates did not all answer"
             for t in runner.threads:
                 t.join(0.05)
         early = list(runner.results)
@@ -74,7 +83,8 @@ def test_16_duplicates_while_the_first_is_held_mid_flight(request, token):
         del GATES[gate_name]
 
 
-def test_16_simultaneous_duplicates_execute_once(request, token):
+@pg_only
+def test_16_simultaneous_duplicates_execute_once(record_table, request, token):
     for _ in range(rounds(request, 10, 200)):
         key = str(uuid.uuid4())
         barrier = threading.Barrier(CLIENTS)
@@ -98,7 +108,7 @@ def test_16_simultaneous_duplicates_execute_once(request, token):
         Widget.objects.all().delete()
 
 
-def test_concurrent_takeover_of_an_expired_lease_has_one_winner(request):
+def test_concurrent_takeover_of_an_expired_lease_has_one_winner(record_table, request):
     for n in range(rounds(request, 10, 200)):
         scope = store.Scope("auth.user:1", "POST /t", f"k{n}")
         store.claim(scope, "f" * 64, lease=5, retention=60)
@@ -120,28 +130,31 @@ def test_concurrent_takeover_of_an_expired_lease_has_one_winner(request):
         assert record.owner_token == winners[0].owner_token
 
 
-def test_concurrent_reuse_after_retention_has_one_winner():
-    scope = store.Scope("auth.user:1", "POST /t", "old")
-    won = store.claim(scope, "f" * 64, lease=5, retention=60)
-    from django.db import transaction
+def test_concurrent_reuse_after_retention_has_one_winner(request, record_table):
+    for n in range(rounds(request, 5, 100)):
+        scope = store.Scope("auth.user:1", "POST /t", f"old{n}")
+        won = store.claim(scope, "f" * 64, lease=5, retention=60)
+        with transaction.atomic():
+            store.complete(won, store.StoredResponse(200, [], b"old"))
+        barrier = threading.Barrier(CLIENTS)
+        runner = Runner()
 
-    with transaction.atomic():
-        store.complete(won, store.StoredResponse(200, [], b"old"))
-    barrier = threading.Barrier(CLIENTS)
-    runner = Runner()
+        def contender():
+            barrier.wait(10)
+            return store.claim(scope, "e" * 64, lease=5, retention=60)
 
-    def contender():
-        barrier.wait(10)
-        return store.claim(scope, "e" * 64, lease=5, retention=60)
-
-    with testing.travel(61):
-        for _ in range(CLIENTS):
-            runner.start(contender)
-        results = runner.join()
-    assert sum(isinstance(r, store.Claim) for r in results) == 1
+        with testing.travel(61):
+            for _ in range(CLIENTS):
+                runner.start(contender)
+            results = runner.join()
+        winners = [r for r in results if isinstance(r, store.Claim)]
+        assert len(winners) == 1, results
+        record = IdempotencyRecord.objects.get(key=f"old{n}")
+        assert record.owner_token == winners[0].owner_token and record.fingerprint == "e" * 64
 
 
-def test_stale_owner_is_fenced_and_rolled_back_over_http(token, gate):
+@pg_only
+def test_stale_owner_is_fenced_and_rolled_back_over_http(record_table, token, gate):
     gate_name, held = gate
     key = str(uuid.uuid4())
     runner = Runner()
@@ -159,7 +172,8 @@ def test_stale_owner_is_fenced_and_rolled_back_over_http(token, gate):
     assert replay.content == second.content and replay["Idempotent-Replayed"] == "true"
 
 
-def test_heartbeat_keeps_a_long_handler_from_being_taken_over(token, gate):
+@pg_only
+def test_heartbeat_keeps_a_long_handler_from_being_taken_over(record_table, token, gate):
     gate_name, held = gate
     key = str(uuid.uuid4())
     runner = Runner()
@@ -174,7 +188,8 @@ def test_heartbeat_keeps_a_long_handler_from_being_taken_over(token, gate):
     assert Widget.objects.count() == 1
 
 
-def test_the_claim_commits_before_the_view_runs(token):
+@pg_only
+def test_the_claim_commits_before_the_view_runs(record_table, token):
     key = str(uuid.uuid4())
     seen: list[str] = []
 
@@ -188,7 +203,8 @@ def test_the_claim_commits_before_the_view_runs(token):
     assert seen == [RecordState.CLAIMED]
 
 
-def test_bounded_wait_replays_instead_of_409(token, gate, monkeypatch):
+@pg_only
+def test_bounded_wait_replays_instead_of_409(record_table, token, gate, monkeypatch):
     gate_name, held = gate
     key = str(uuid.uuid4())
     polled = threading.Event()
@@ -216,10 +232,21 @@ def test_bounded_wait_replays_instead_of_409(token, gate, monkeypatch):
     assert Widget.objects.filter(name="waiting").count() == 1
 
 
-def test_a_released_claim_lets_a_waiting_duplicate_run(token, gate):
+@pg_only
+def test_a_released_claim_lets_a_waiting_duplicate_run(record_table, token, gate, monkeypatch):
     """The original fails (5xx, released) while a duplicate waits: the duplicate runs."""
     gate_name, held = gate
     key = str(uuid.uuid4())
+    waiting = threading.Event()
+    real_claim = store.claim
+
+    def spying_claim(*args, **kwargs):
+        result = real_claim(*args, **kwargs)
+        if isinstance(result, store.Existing) and not result.completed:
+            waiting.set()  # the duplicate found the original in flight: it waits
+        return result
+
+    monkeypatch.setattr(store, "claim", spying_claim)
 
     def fail_once(request):
         if request.headers.get("X-Gate"):
@@ -232,6 +259,7 @@ def test_a_released_claim_lets_a_waiting_duplicate_run(token, gate):
     assert held.entered.wait(30)
     waiter = Runner()
     waiter.start(lambda: _post(token, "/waiting", {}, key))
+    assert waiting.wait(30), "the duplicate never saw the original in flight"
     held.opened.set()
     (first,) = runner.join()
     (second,) = waiter.join()

@@ -9,7 +9,8 @@ What must hold (docs/robustness.md):
 
 Connections are killed for real: ``pg_terminate_backend`` from a second connection,
 or a port nobody listens on. Views are held mid-flight with the test app's
-``HOOKS["during_view"]``; nothing sleeps.
+``HOOKS["during_view"]``. No fixed sleeps: where a test must see a database state (a
+backend waiting for a lock), it polls for that state with a deadline (``faults.wait_for``).
 """
 
 from __future__ import annotations

@@ -6,6 +6,9 @@ import sys
 import pytest
 from django.test import override_settings
 from django.urls import path
+from drf_spectacular.generators import SchemaGenerator
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.validation import validate_schema
 from rest_framework import serializers, viewsets
 from rest_framework.decorators import action, api_view
 from rest_framework.response import Response
@@ -15,12 +18,6 @@ from rest_framework.views import APIView
 from django_idempotency import IdempotentMixin, idempotent
 from tests.testapp.models import Widget
 from tests.testapp.views import WidgetSerializer
-
-pytest.importorskip("drf_spectacular")
-
-from drf_spectacular.generators import SchemaGenerator
-from drf_spectacular.utils import OpenApiParameter, extend_schema
-from drf_spectacular.validation import validate_schema
 
 SCHEMA_SETTINGS = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.TokenAuthentication"],

@@ -3,7 +3,8 @@
 Uniqueness of (principal, endpoint, key) across partitions, claims straddling
 midnight with real concurrent connections, the protocol's updates on the partitioned
 table, and partition management by the sweeper. Time moves with ``testing.travel``
-(or an explicit per-thread clock offset passed to the claim function); nothing sleeps.
+(or an explicit per-thread clock offset passed to the claim function). No fixed sleeps:
+one test polls ``pg_locks``, with a deadline, until a claim waits for its lock.
 """
 
 from __future__ import annotations

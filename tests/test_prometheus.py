@@ -7,14 +7,12 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import prometheus_client
 import pytest
 from django.db import connection, transaction
 
 from django_idempotency import outbox
-
-prometheus_client = pytest.importorskip("prometheus_client")
-
-from django_idempotency.contrib import prometheus  # noqa: E402
+from django_idempotency.contrib import prometheus
 
 pytestmark = pytest.mark.django_db
 

@@ -53,6 +53,46 @@ def test_sweep_keeps_each_record_for_its_own_window():
     assert report.method == ("partitions" if connection.vendor == "postgresql" else "delete")
 
 
+def replays(key: str, *, retention_s: float) -> bool:
+    found = claim(retention_s=retention_s, key=key)
+    return isinstance(found, store.Existing) and found.completed
+
+
+def test_sweep_keeps_every_record_inside_its_window_and_forgets_those_past_it():
+    """Behaviour, whatever the storage: after ``sweep()`` a record still inside its
+    window replays (also on the oldest day the sweeper keeps); one past its window is
+    gone, its key runs anew."""
+    window = 7 * DAY
+    with override_settings(IDEMPOTENCY={"MAX_RETENTION": window}):
+        inside = {}
+        for margin in (60, 600, 3600):  # window - margin old: the oldest kept day
+            key = str(uuid.uuid4())
+            with testing.travel(-(window - margin)):
+                done(claim(retention_s=window, key=key))
+            inside[key] = margin
+        past = str(uuid.uuid4())
+        with testing.travel(-(window + 2 * DAY)):
+            done(claim(retention_s=DAY, key=past))
+        report = retention.sweep()
+        assert not report.errors
+        for key in inside:
+            assert replays(key, retention_s=window), inside[key]
+        assert IdempotencyRecord.objects.filter(key=past).count() == 0
+        fresh = claim(key=past, fp=OTHER_FP)
+        assert isinstance(fresh, store.Claim) and not fresh.taken_over
+
+
+def test_sweep_never_forgets_a_record_whose_lease_is_live():
+    key = str(uuid.uuid4())
+    with testing.travel(-9 * DAY):
+        owner = claim(retention_s=DAY, key=key)
+    assert store.extend(owner, 600) is True  # a long handler's heartbeat, now
+    retention.sweep()
+    duplicate = claim(key=key)
+    assert isinstance(duplicate, store.Existing) and duplicate.lease_remaining > 0
+    done(owner)
+
+
 def test_inside_a_kept_day_an_expired_record_is_absent_to_the_claim():
     won = claim(retention_s=60)
     done(won)
@@ -95,6 +135,10 @@ def test_batched_delete_removes_everything_in_small_batches():
         report = retention.sweep()
     if report.method == "delete":
         assert report.deleted_records == 7
+    else:  # PostgreSQL's partitioned table: the whole day goes, no row is deleted
+        old_day = (report.now - dt.timedelta(days=8)).date()  # where its window ended
+        assert report.deleted_records == 0
+        assert old_day in {p.day for p in report.dropped}
     assert list(IdempotencyRecord.objects.values_list("pk", flat=True)) == [kept.record_id]
 
 

@@ -75,6 +75,7 @@ def test_a_slow_handler_does_not_make_delivered_messages_claimable_again():
             relay.deliver_batch(10, lease=30.0)
         proceed.set()
         thread.join(30)
+        assert not thread.is_alive(), "relay A did not finish"
         delivered_again = [n for who, n in seen if who != "A"]
         assert 0 not in delivered_again and 1 not in delivered_again, seen
     finally:

@@ -22,11 +22,10 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import drf_spectacular  # noqa: F401
+import httpx
 import pytest
-
-pytest.importorskip("schemathesis")
-pytest.importorskip("drf_spectacular")
-httpx = pytest.importorskip("httpx")
+import schemathesis  # noqa: F401  # declared by the test extra: missing is a failure, not a skip
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "example_project"

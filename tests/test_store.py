@@ -165,6 +165,13 @@ def test_heartbeat_inside_the_view_transaction_commits_at_once():
                     assert cursor.fetchone() == (True,)
             finally:
                 other.close()
+        else:
+            # SQLite has one writer: the heartbeat joins the view's transaction, so the
+            # new lease is what this transaction reads, and commits with it.
+            record = IdempotencyRecord.objects.get(pk=won.record_id)
+            assert (record.lease_until - record.created_at).total_seconds() > 400
+    record = IdempotencyRecord.objects.get(pk=won.record_id)
+    assert (record.lease_until - record.created_at).total_seconds() > 400
 
 
 def test_after_retention_the_key_is_new():

@@ -99,7 +99,6 @@ def test_a_partition_that_could_not_be_dropped_fails_the_command(monkeypatch):
 
 
 def test_celery_task_runs_the_sweep():
-    pytest.importorskip("celery")
     from django_idempotency.tasks import sweep
 
     won = old_claim()

@@ -16,6 +16,7 @@ urlpatterns = [
     path("outcome", views.outcome),
     path("waiting", views.waiting),
     path("slow", views.slow),
+    path("gate-then-write", views.gate_then_write),
     path("heartbeat", views.heartbeat),
     path("plain", views.plain_view),
     path("stream", views.streaming_view),

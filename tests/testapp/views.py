@@ -391,3 +391,13 @@ def atomic_below(request):
     """@transaction.atomic below @idempotent: a savepoint inside the app's block, fine."""
     Widget.objects.create(name="atomic-below")
     return Response({"ok": True}, status=201)
+
+
+@idempotent(lease=5)
+@api_view(["POST"])
+def gate_then_write(request):
+    """Holds at the gate before its first write: on SQLite its transaction holds no lock
+    there, so another request can take the key over and finish meanwhile."""
+    _gate(request)
+    Widget.objects.create(name=request.data.get("name", "gated"))
+    return Response({"name": request.data.get("name", "gated")}, status=201)

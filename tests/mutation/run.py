@@ -1,0 +1,631 @@
+"""Targeted mutation testing: does the suite notice when a condition of the protocol goes?
+
+Each mutant below removes or weakens one condition (a fence, a lease check, a state
+filter) in a copy of the package, then runs the tests that should notice, on the
+backends where that code path runs. A mutant is
+
+* ``killed`` when its tests fail on every backend it runs on (good: a test guards the
+  condition there);
+* ``survived`` when they pass on some backend (a hole in the suite, or an equivalent
+  mutant: those are marked ``equivalent=`` with the reason and reported apart);
+* ``stale`` when its original snippet is no longer in the file (the code moved on:
+  update the mutant; this is never counted as a pass).
+
+Usage (``make mutation`` runs the first form)::
+
+    python tests/mutation/run.py                 # every mutant, PostgreSQL and SQLite
+    python tests/mutation/run.py --list          # ids, files and backends
+    python tests/mutation/run.py S1 R2           # some mutants only
+    python tests/mutation/run.py --backend sqlite
+
+PostgreSQL: ``MUTATION_DATABASE_URL`` or ``DATABASE_URL`` (default
+``postgres://postgres@127.0.0.1:5432/postgres``). The work happens in a temporary copy
+of the checkout (its own test databases), so the checkout is never left mutated.
+Exit status: 0 when every mutant was killed (or is a known equivalent), 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PG_URL = os.environ.get(
+    "MUTATION_DATABASE_URL",
+    os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres"),
+)
+if not PG_URL.startswith("postgres"):
+    PG_URL = "postgres://postgres@127.0.0.1:5432/postgres"
+
+PG, SQLITE = "pg", "sqlite"
+BOTH = (PG, SQLITE)
+
+GUARDS = "tests/test_protocol_guards.py"
+
+
+@dataclass(frozen=True)
+class Mutant:
+    id: str
+    file: str  # relative to django_idempotency/
+    edits: tuple[tuple[str, str], ...]  # (exact original snippet, replacement)
+    tests: tuple[str, ...]
+    backends: tuple[str, ...] = BOTH
+    what: str = ""
+    equivalent: str = ""  # why surviving is expected (and harmless)
+
+
+@dataclass
+class Outcome:
+    mutant: Mutant
+    status: str  # killed / survived / stale / error
+    runs: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def m(
+    id: str,
+    file: str,
+    original: str | tuple[tuple[str, str], ...],
+    replacement: str = "",
+    *,
+    tests: tuple[str, ...],
+    backends: tuple[str, ...] = BOTH,
+    what: str,
+    equivalent: str = "",
+) -> Mutant:
+    edits = original if isinstance(original, tuple) else ((original, replacement),)
+    return Mutant(id, file, edits, tests, backends, what, equivalent)
+
+
+# --- the mutants ------------------------------------------------------------------
+
+_TAKE_OVER_FILTER = """            pk=existing.record_id,
+            state=RecordState.CLAIMED,
+            owner_token=existing.owner_token,  # type: ignore[misc]  # set on every row read
+            recovery_point=existing.recovery_point,
+            lease_until__lte=_now_value(using),
+"""
+
+MUTANTS: list[Mutant] = [
+    # store.py: takeover, reuse, fencing
+    m(
+        "S1",
+        "store.py",
+        _TAKE_OVER_FILTER,
+        _TAKE_OVER_FILTER.replace("            lease_until__lte=_now_value(using),\n", ""),
+        tests=(f"{GUARDS}::test_a_heartbeat_between_the_read_and_the_takeover_keeps_the_owner",),
+        what="takeover without `lease_until <= now`: a live owner taken over",
+    ),
+    m(
+        "S2",
+        "store.py",
+        _TAKE_OVER_FILTER,
+        _TAKE_OVER_FILTER.replace(
+            "            owner_token=existing.owner_token,  # type: ignore[misc]  "
+            "# set on every row read\n",
+            "",
+        ),
+        tests=(GUARDS, "tests/test_concurrency.py", "tests/test_store.py"),
+        what="takeover without `owner_token = <the one read>`",
+        equivalent=(
+            "the lease condition already refuses a second contender: the first takeover "
+            "sets a live lease. Only once that new lease has run out too does the "
+            "stale UPDATE match, and then the contender wins a claim whose lease ran "
+            "out, which it would win on its next round anyway (same record, same "
+            "recovery point, which is still checked)."
+        ),
+    ),
+    m(
+        "S3",
+        "store.py",
+        f"        .filter(\n{_TAKE_OVER_FILTER}        )\n",
+        "        .filter(pk=existing.record_id)\n",
+        tests=(
+            f"{GUARDS}::test_a_contender_that_read_before_another_took_over_does_not_win",
+            "tests/test_concurrency.py::test_concurrent_takeover_of_an_expired_lease_has_one_winner",
+        ),
+        what="unconditional takeover: two executions",
+    ),
+    m(
+        "S4",
+        "store.py",
+        _TAKE_OVER_FILTER,
+        _TAKE_OVER_FILTER.replace("            recovery_point=existing.recovery_point,\n", ""),
+        tests=(
+            f"{GUARDS}::test_a_phase_committed_after_the_read_is_resumed_after_by_the_takeover",
+        ),
+        what="takeover without the recovery point read: a committed phase run again",
+    ),
+    m(
+        "S5",
+        "store.py",
+        "        if existing.expired and (existing.completed or existing.lease_remaining <= 0):\n",
+        "        if existing.expired:\n",
+        tests=(f"{GUARDS}::test_a_record_past_its_window_is_not_replaced_while_its_lease_is_live",),
+        what="a record past its window forgotten while its lease is live (plain table)",
+    ),
+    m(
+        "S6",
+        "store.py",
+        "        Q(state=RecordState.COMPLETED) | Q(lease_until__lte=_now_value(using)),\n",
+        "",
+        tests=(
+            f"{GUARDS}::test_a_heartbeat_after_the_read_keeps_an_expired_record_from_being_forgotten",
+        ),
+        what="forgetting an expired record ignores a live lease (heartbeat after the read)",
+    ),
+    m(
+        "S7",
+        "store.py",
+        "        pk=claim.record_id, owner_token=claim.owner_token, state=RecordState.CLAIMED\n",
+        "        pk=claim.record_id, state=RecordState.CLAIMED\n",
+        tests=("tests/test_store.py",),
+        backends=(SQLITE,),
+        what="fence without the owner token (SQLite completion, release, advance, suspend)",
+    ),
+    m(
+        "S8",
+        "store.py",
+        '    return bool(_fenced(claim).filter(recovery_point="")._raw_delete(claim.using))\n',
+        "    return bool(_fenced(claim)._raw_delete(claim.using))\n",
+        tests=("tests/test_review_regressions.py", "tests/test_phases.py"),
+        what="release deletes a record whose phase committed",
+    ),
+    m(
+        "S9",
+        "store.py",
+        "    side = connection.in_atomic_block and claim.committed\n",
+        "    side = False\n",
+        tests=("tests/test_store.py", "tests/test_concurrency.py"),
+        backends=(PG,),
+        what="heartbeat inside the view's transaction, invisible until it commits",
+    ),
+    m(
+        "S10",
+        "_pg.py",
+        "    completed_at = {_NOW}, lease_until = {_NOW}\n"
+        "WHERE id = %(id)s AND owner_token = %(token)s AND state = 'claimed'\n",
+        "    completed_at = {_NOW}, lease_until = {_NOW}\n"
+        "WHERE id = %(id)s AND state = 'claimed'\n",
+        tests=("tests/test_store.py",),
+        backends=(PG,),
+        what="completion not fenced by the owner token (PostgreSQL)",
+    ),
+    m(
+        "S11",
+        "_pg.py",
+        "UPDATE {_T} SET lease_until = {_NOW} + %(seconds)s * interval '1 second'\n"
+        "WHERE id = %(id)s AND owner_token = %(token)s AND state = 'claimed'\n",
+        "UPDATE {_T} SET lease_until = {_NOW} + %(seconds)s * interval '1 second'\n"
+        "WHERE id = %(id)s AND state = 'claimed'\n",
+        tests=("tests/test_store.py",),
+        backends=(PG,),
+        what="heartbeat not fenced: a stale owner extends the new owner's lease",
+    ),
+    # _pg_partitioned.py: the claim function (re-created by the test database's migrations)
+    m(
+        "P1",
+        "_pg_partitioned.py",
+        "        IF v_row.expires_at > v_now\n"
+        "           OR (v_row.state = 'claimed' AND v_row.lease_until > v_now) THEN\n",
+        "        IF v_row.expires_at > v_now THEN\n",
+        tests=(GUARDS,),
+        backends=(PG,),
+        what="claim function: the lookup ignores a live lease past the window",
+        equivalent=(
+            "the DELETE that follows re-checks the lease (state = 'completed' OR "
+            "lease_until <= now) and returns no row, so the caller re-reads and answers "
+            "409: one round trip more, the same outcome."
+        ),
+    ),
+    m(
+        "P2",
+        "_pg_partitioned.py",
+        "          AND r.expires_at <= v_now AND (r.state = 'completed' OR "
+        "r.lease_until <= v_now);\n",
+        "          AND r.expires_at <= v_now;\n",
+        tests=(
+            f"{GUARDS}::test_a_heartbeat_after_the_read_keeps_an_expired_record_from_being_forgotten",
+        ),
+        backends=(PG,),
+        what="claim function: the delete ignores a heartbeat that landed after the lookup",
+    ),
+    m(
+        "P3",
+        "_pg_partitioned.py",
+        (
+            (
+                "        IF v_row.expires_at > v_now\n"
+                "           OR (v_row.state = 'claimed' AND v_row.lease_until > v_now) THEN\n",
+                "        IF v_row.expires_at > v_now THEN\n",
+            ),
+            (
+                "          AND r.expires_at <= v_now AND (r.state = 'completed' OR "
+                "r.lease_until <= v_now);\n",
+                "          AND r.expires_at <= v_now;\n",
+            ),
+        ),
+        tests=(f"{GUARDS}::test_a_record_past_its_window_is_not_replaced_while_its_lease_is_live",),
+        backends=(PG,),
+        what="claim function: a record past its window replaced while its lease is live",
+    ),
+    m(
+        "P4",
+        "_pg_partitioned.py",
+        '    PERFORM {_SCOPE_LOCK.format(p="p_")};\n',
+        "",
+        tests=("tests/test_partitions.py",),
+        backends=(PG,),
+        what="claim function without the scope lock: two first claims both insert",
+    ),
+    # protocol.py
+    m(
+        "PR1",
+        "protocol.py",
+        "        if result.fingerprint != fp:\n",
+        "        if False:\n",
+        tests=("tests/test_wire.py", "tests/test_decorators.py"),
+        what="a key reused with another request is replayed instead of 422",
+    ),
+    m(
+        "PR2",
+        "protocol.py",
+        "            if not result.response.replayable:\n",
+        "            if False:\n",
+        tests=("tests/test_hostile_input.py", "tests/test_wire.py"),
+        backends=(SQLITE,),
+        what="a response too large to keep is replayed as an empty body",
+    ),
+    m(
+        "PR3",
+        "protocol.py",
+        '    if (http.method or "").upper() in SAFE_METHODS:\n',
+        "    if False:\n",
+        tests=("tests/test_wire.py", "tests/test_decorators.py"),
+        backends=(SQLITE,),
+        what="safe methods recorded",
+    ),
+    # execution.py
+    m(
+        "E1",
+        "execution.py",
+        "            completing = True\n            store.complete(claim, stored)\n",
+        "            completing = True\n        store.complete(claim, stored)\n",
+        tests=(f"{GUARDS}::test_a_fenced_completion_rolls_back_the_views_writes",),
+        what="completion outside the view's atomic block",
+    ),
+    m(
+        "E2",
+        "execution.py",
+        "        if not completing:\n"
+        "            raise  # the view's own database error: the view's 500\n",
+        "",
+        tests=(f"{GUARDS}::test_the_views_own_database_error_is_its_500_not_a_store_failure",),
+        what="the view's own database error counted as a store failure (503)",
+    ),
+    m(
+        "E3",
+        "execution.py",
+        "            if options.should_release(response.status_code):\n",
+        "            if False:\n",
+        tests=("tests/test_decorators.py", "tests/test_wire.py"),
+        backends=(SQLITE,),
+        what="a 5xx stored and replayed instead of released",
+    ),
+    # phases.py
+    m(
+        "PH1",
+        "phases.py",
+        "            yield\n            store.advance(context.claim, name)\n",
+        "            yield\n        store.advance(context.claim, name)\n",
+        tests=("tests/test_phases.py",),
+        what="recovery point advanced outside the phase's transaction",
+    ),
+    m(
+        "PH2",
+        "phases.py",
+        "    if position(phases, name) <= position(phases, context.recovery_point):\n",
+        "    if position(phases, name) < position(phases, context.recovery_point):\n",
+        tests=("tests/test_phases.py",),
+        backends=(SQLITE,),
+        what="the phase of the recovery point may run again",
+    ),
+    m(
+        "PH3",
+        "phases.py",
+        "    if not context.recovery_point:\n"
+        "        release(context.claim, status)\n        return\n",
+        "    release(context.claim, status)\n    return\n",
+        tests=("tests/test_phases.py",),
+        what="a failed phased request keeps its lease: the retry waits instead of resuming",
+    ),
+    # relay.py
+    m(
+        "R1",
+        "relay.py",
+        "    updated = manager.filter(pk__in=ids, state=OutboxState.PENDING, available_at=until)"
+        ".update(\n",
+        "    updated = manager.filter(pk__in=ids, state=OutboxState.PENDING).update(\n",
+        tests=(f"{GUARDS}::test_a_relay_whose_lease_ran_out_cannot_mark_the_message_sent",),
+        what="mark sent without the claim's fence",
+    ),
+    m(
+        "R2",
+        "relay.py",
+        "        attempts=message.attempts,\n        available_at=message.available_at,\n    )\n",
+        "    )\n",
+        tests=(f"{GUARDS}::test_a_relay_whose_lease_ran_out_cannot_reschedule_the_message",),
+        what="mark failed (retry or dead) without the claim's fence",
+    ),
+    m(
+        "R3",
+        "relay.py",
+        "    FOR UPDATE SKIP LOCKED\n",
+        "",
+        tests=("tests/test_relay_concurrency.py",),
+        backends=(PG,),
+        what="relay claim without row locks: concurrent relays claim the same message",
+    ),
+    m(
+        "R4",
+        "relay.py",
+        "                pk=pk, state=OutboxState.PENDING, attempts=attempts, "
+        "available_at__lte=moment\n",
+        "                pk=pk\n",
+        tests=("tests/test_relay_concurrency.py", "tests/test_relay.py"),
+        backends=(SQLITE,),
+        what="relay claim (SQLite) unconditional: a message claimed twice",
+    ),
+    m(
+        "R5",
+        "relay.py",
+        "            available_at__lte=now(using),\n"
+        "            attempts__gte=conf.outbox_max_attempts,\n",
+        "            attempts__gte=conf.outbox_max_attempts,\n",
+        tests=(
+            f"{GUARDS}::test_a_message_on_its_last_attempt_is_not_buried_while_it_is_delivered",
+        ),
+        what="a message on its last attempt buried while its relay still delivers it",
+    ),
+    # retention.py
+    m(
+        "T1",
+        "retention.py",
+        "        if partition.day >= report.cutoff.date():\n",
+        "        if partition.day > report.cutoff.date():\n",
+        tests=("tests/test_retention.py",),
+        backends=(PG,),
+        what="the sweeper drops the partition of the cutoff day itself",
+    ),
+    m(
+        "T2",
+        "retention.py",
+        "                state=OutboxState.SENT,\n                sent_at__lt=",
+        "                sent_at__lt=",
+        tests=("tests/test_retention.py",),
+        what="the sweeper deletes outbox messages in any state",
+        equivalent=(
+            "only the relay's mark-sent writes sent_at, together with state = 'sent', and "
+            "nothing moves a message out of 'sent': a pending or dead message has no "
+            "sent_at, so `sent_at < cutoff` selects sent messages only. The state filter "
+            "keeps the query on its partial index."
+        ),
+    ),
+    m(
+        "T3",
+        "retention.py",
+        "                    created_at__lt=report.cutoff\n",
+        "                    created_at__lt=report.cutoff + dt.timedelta(days=1)\n",
+        tests=("tests/test_retention.py",),
+        backends=(SQLITE,),
+        what="the batched sweep deletes records of the cutoff day",
+    ),
+    m(
+        "T4",
+        "retention.py",
+        "                sent_at__lt=now - dt.timedelta(seconds=conf.outbox_retention),\n",
+        "                sent_at__lt=now,\n",
+        tests=("tests/test_retention.py",),
+        backends=(SQLITE,),
+        what="sent outbox messages swept at once, not after OUTBOX_RETENTION",
+    ),
+    m(
+        "T5",
+        "retention.py",
+        "    for offset in range(max(conf.partitions_ahead, 0) + 1):\n",
+        "    for offset in range(max(conf.partitions_ahead, 0)):\n",
+        tests=(f"{GUARDS}::test_the_sweeper_creates_the_partitions_of_today_and_the_days_ahead",),
+        backends=(PG,),
+        what="the sweeper creates one partition fewer ahead",
+    ),
+    # partitions.py
+    m(
+        "PT1",
+        "partitions.py",
+        '            "ORDER BY created_at DESC ON CONFLICT DO NOTHING"\n',
+        '            "ORDER BY created_at ASC ON CONFLICT DO NOTHING"\n',
+        tests=(
+            "tests/test_partition_upgrade.py::"
+            "test_back_to_the_plain_table_keeps_the_newer_of_two_rows_of_one_scope",
+        ),
+        backends=(PG,),
+        what="back to the plain table: the older of two rows of one scope kept",
+    ),
+    m(
+        "PT2",
+        "partitions.py",
+        "                             AND NOT i.inhdetachpending)\n",
+        ")\n",
+        tests=("tests/test_partitions.py",),
+        backends=(PG,),
+        what="a partition left half-detached listed as attached",
+        equivalent=(
+            "a detach is left pending only by a sweep interrupted while dropping a day "
+            "before the cutoff. Listed as attached or not, the next sweep drops it the "
+            "same way (drop() asks pg_inherits itself and finalises the detach), and "
+            "the days it creates ahead are today and later, never that day."
+        ),
+    ),
+]
+
+
+# --- running ------------------------------------------------------------------------
+
+
+def _copy_checkout(into: Path) -> None:
+    for name in ("django_idempotency", "tests", "example_project"):
+        shutil.copytree(
+            ROOT / name, into / name, ignore=shutil.ignore_patterns("__pycache__", "var")
+        )
+    for name in ("pyproject.toml",):
+        shutil.copy2(ROOT / name, into / name)
+
+
+def _env(backend: str) -> dict[str, str]:
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    for name in ("DATABASE_URL", "PG_TEST_NAME", "SQLITE_TEST_PATH"):
+        env.pop(name, None)  # the copy's test databases are its own (tests/settings.py)
+    if backend == PG:
+        env["DATABASE_URL"] = PG_URL
+    return env
+
+
+def _pytest(work: Path, mutant: Mutant, backend: str, timeout: float) -> str:
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-x",
+        "-p",
+        "no:randomly",
+        "-p",
+        "no:cacheprovider",
+        "-o",
+        "addopts=--strict-markers",
+        *mutant.tests,
+    ]
+    try:
+        done = subprocess.run(
+            command,
+            cwd=work,
+            env=_env(backend),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return "killed (timeout)"
+    if done.returncode == 0:
+        return "passed"
+    if done.returncode == 1:
+        return "killed"
+    tail = (done.stdout + done.stderr).strip().splitlines()[-3:]
+    return f"error (exit {done.returncode}): {' | '.join(tail)}"
+
+
+def run_one(work: Path, mutant: Mutant, backends: tuple[str, ...], timeout: float) -> Outcome:
+    target = work / "django_idempotency" / mutant.file
+    original = target.read_text()
+    mutated = original
+    for snippet, replacement in mutant.edits:
+        if mutated.count(snippet) != 1:
+            return Outcome(mutant, "stale")
+        mutated = mutated.replace(snippet, replacement)
+    started = time.monotonic()
+    outcome = Outcome(mutant, "survived")
+    target.write_text(mutated)
+    try:
+        # Every backend where the path runs: killed on one and not the other is a hole.
+        for backend in (b for b in mutant.backends if b in backends):
+            outcome.runs[backend] = _pytest(work, mutant, backend, timeout)
+    finally:
+        target.write_text(original)
+    results = list(outcome.runs.values())
+    if not results:
+        outcome.status = "skipped"
+    elif any(r.startswith("error") for r in results):
+        outcome.status = "error"
+    elif all(r.startswith("killed") for r in results):
+        outcome.status = "killed"
+    outcome.seconds = time.monotonic() - started
+    return outcome
+
+
+def _baseline(work: Path, backends: tuple[str, ...], timeout: float) -> bool:
+    """The selected tests pass on the unmutated copy (else every mutant looks killed)."""
+    tests = sorted({t.split("::")[0] for mutant in MUTANTS for t in mutant.tests})
+    probe = Mutant("baseline", "", (), tuple(tests))
+    ok = True
+    for backend in backends:
+        result = _pytest(work, probe, backend, timeout * 4)
+        print(f"baseline on {backend}: {result}", flush=True)
+        ok = ok and result == "passed"
+    return ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("ids", nargs="*", help="mutant ids (default: all)")
+    parser.add_argument("--backend", choices=[PG, SQLITE], action="append")
+    parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the unmutated run")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per test run")
+    args = parser.parse_args(argv)
+    backends = tuple(args.backend or BOTH)
+    chosen = [mu for mu in MUTANTS if not args.ids or mu.id in args.ids]
+    if args.list:
+        for mu in chosen:
+            mark = " (equivalent)" if mu.equivalent else ""
+            text = (ROOT / "django_idempotency" / mu.file).read_text()
+            if any(text.count(snippet) != 1 for snippet, _ in mu.edits):
+                mark += " STALE"
+            print(f"{mu.id:5} {mu.file:20} {','.join(mu.backends):10} {mu.what}{mark}")
+        return 0
+    with tempfile.TemporaryDirectory(prefix="idempotency-mutation-") as tmp:
+        work = Path(tmp)
+        _copy_checkout(work)
+        if not args.no_baseline and not _baseline(work, backends, args.timeout):
+            print("the unmutated tests fail: fix them first", file=sys.stderr)
+            return 2
+        outcomes = []
+        for mutant in chosen:
+            outcome = run_one(work, mutant, backends, args.timeout)
+            outcomes.append(outcome)
+            runs = ", ".join(f"{b}: {r}" for b, r in outcome.runs.items())
+            print(
+                f"{mutant.id:5} {outcome.status:8} {outcome.seconds:5.0f}s  {mutant.what}"
+                + (f"  [{runs}]" if runs else ""),
+                flush=True,
+            )
+    return _report(outcomes)
+
+
+def _report(outcomes: list[Outcome]) -> int:
+    counts: dict[str, int] = {}
+    for outcome in outcomes:
+        counts[outcome.status] = counts.get(outcome.status, 0) + 1
+    print("\n" + ", ".join(f"{n} {status}" for status, n in sorted(counts.items())))
+    bad = 0
+    for outcome in outcomes:
+        mutant = outcome.mutant
+        if outcome.status == "survived" and mutant.equivalent:
+            print(f"  {mutant.id} survived, known equivalent: {mutant.equivalent}")
+        elif outcome.status == "killed" and mutant.equivalent:
+            print(f"  {mutant.id} is now killed: drop its `equivalent=` note")
+        elif outcome.status in ("survived", "stale", "error"):
+            bad += 1
+            print(f"  {mutant.id} {outcome.status.upper()}: {mutant.what} ({mutant.file})")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
