@@ -21,8 +21,9 @@ RETRYABLE_CONFLICTS = ("request-in-flight", "lease-lost")
 PERMANENT_5XX = frozenset({501, 505})
 #: 4xx statuses on which django-idempotency releases the key by default (its
 #: ``RELEASE_STATUSES`` setting but 409, which is judged by its problem type; see
-#: docs/configuration.md), so a retry with the same key runs the view again. Not retried by default; opt in with
-#: ``retry_statuses=RELEASED_4XX`` (Retry-After is honoured).
+#: docs/configuration.md), so a retry with the same key runs the view again. Not
+#: retried by default; opt in with ``retry_statuses=RELEASED_4XX`` (Retry-After is
+#: honoured).
 RELEASED_4XX = frozenset({408, 425, 429})
 #: The problem type of a 410 that answers a retry of a completed operation whose
 #: response was too large to store: done, but not replayable.
