@@ -71,7 +71,7 @@ def idempotent(view: None = None, /, **options: Any) -> Callable[[F], F]: ...
 
 
 def idempotent(view: F | None = None, /, **options: Any) -> F | Callable[[F], F]:
-    """Make a view honour the ``Idempotency-Key`` header (SPEC §2-§4).
+    """Make a view honour the ``Idempotency-Key`` header (docs/protocol.md, docs/usage.md).
 
     Use bare (``@idempotent``) or with options (``@idempotent(retention=7 * 86400)``)
     on a function view (``request, ...``), a DRF ``@api_view`` function (above or

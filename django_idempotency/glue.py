@@ -1,6 +1,6 @@
 """What the decorator and the DRF mixin share: run one view call through the protocol.
 
-Also the ``ATOMIC_REQUESTS`` handling (SPEC §4): idempotent views are marked
+Also the ``ATOMIC_REQUESTS`` handling (docs/storage.md): idempotent views are marked
 non-atomic so the claim commits on its own, and every path that Django would have
 wrapped in ``atomic()`` is wrapped here instead.
 """

@@ -1,4 +1,4 @@
-"""``manage.py idempotency_sweep``: the retention sweeper without Celery (SPEC §6)."""
+"""``manage.py idempotency_sweep``: the retention sweeper without Celery (docs/retention.md)."""
 
 from __future__ import annotations
 
