@@ -1,4 +1,5 @@
-"""The documentation site builds what it shows: Mermaid diagrams become diagrams.
+"""The documentation builds what it shows: Mermaid diagrams become diagrams, and the
+install tables name the package's extras.
 
 Builds the site with mkdocs (the ``docs`` extra, installed by ``make install``) into a
 temporary folder and reads the HTML, so a change to ``mkdocs.yml`` that turns a diagram
@@ -11,6 +12,7 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -58,7 +60,7 @@ def _mermaid_fences(page: Path) -> int:
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("mkdocs", reason="the docs extra is installed by make install")
+    # Never skipped: mkdocs-material is in the docs extra, which make install installs.
     out = tmp_path_factory.mktemp("site")
     done = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--site-dir", str(out), "--quiet"],
@@ -91,3 +93,19 @@ def test_every_mermaid_fence_of_every_page_is_emitted_as_a_diagram(site: Path) -
         parser = _MermaidBlocks()
         parser.feed((site / page.stem / "index.html").read_text())
         assert len(parser.blocks) == _mermaid_fences(page), page.name
+
+
+def _extras_in_table(page: Path) -> set[str]:
+    """The extras named in the first column of ``page``'s tables: ``| `postgres` | ...``."""
+    return set(re.findall(r"^\| `([a-z]+)` \|", page.read_text(), flags=re.MULTILINE))
+
+
+def test_the_install_tables_name_the_package_extras() -> None:
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    for_users = set(extras) - {"test", "lint", "example"}
+
+    assert _extras_in_table(ROOT / "README.md") == for_users
+    assert _extras_in_table(DOCS / "quickstart.md") == for_users - {"docs"}
+    assert any(dep.startswith("celery[redis]") for dep in extras["redis"])  # redis, packaging
