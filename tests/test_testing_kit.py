@@ -8,6 +8,7 @@ threads each have their own database connection, on SQLite and on PostgreSQL.
 from __future__ import annotations
 
 import json
+import threading
 import uuid
 
 import pytest
@@ -25,6 +26,7 @@ from django_idempotency.testing import (
 )
 from tests.conftest import client_for
 from tests.factories import TokenFactory
+from tests.testapp.gates import HOOKS
 from tests.testapp.models import Widget
 
 
@@ -93,6 +95,20 @@ def test_a_request_that_cannot_claim_is_reported(idempotency_kit) -> None:
     # Anonymous: DRF refuses the request before the key is claimed.
     with pytest.raises(AssertionError, match="never claimed: 401"):
         idempotency_kit.fence_stale_owner(APIClient, "/widgets", {"name": "w"}, format="json")
+
+
+def test_what_the_stale_attempt_raised_is_raised_in_the_test(idempotency_kit, alice) -> None:
+    def fail_off_the_main_thread(request) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("the view failed")
+
+    HOOKS["during_view"] = fail_off_the_main_thread  # only the held first attempt fails
+
+    with pytest.raises(RuntimeError, match="the view failed"):
+        idempotency_kit.fence_stale_owner(
+            lambda: client_for(alice), "/widgets", {"name": "w"}, format="json"
+        )
+    assert Widget.objects.count() == 1  # the retry's
 
 
 def test_past_lease_moves_the_clock_past_the_lease() -> None:

@@ -138,15 +138,20 @@ def fence_stale_owner(
         RuntimeError: called inside a transaction (a ``TestCase``).
         AssertionError: the first request answered without claiming the key (its
             answer is in the message), or a step took longer than ``timeout``.
+        BaseException: what a request raised (Django's test client re-raises the
+            view's exceptions unless ``raise_request_exception = False``).
     """
     require_committed_reads()
     key = key or str(uuid.uuid4())
     hold = _HoldFirstClaim(key, timeout)
     stale: list[Any] = []
+    errors: list[BaseException] = []
 
     def first() -> None:
         try:
             stale.append(send(client_factory, method, path, data, key, extra))
+        except BaseException as exc:  # raised again in the test's thread
+            errors.append(exc)
         finally:
             hold.held.set()  # never leave the test waiting for a claim that failed
             connections.close_all()  # this thread's own connection
@@ -158,12 +163,16 @@ def fence_stale_owner(
             thread.start()
             if not hold.held.wait(timeout):
                 raise AssertionError(f"the first request did not claim its key in {timeout} s")
+            if errors:
+                raise errors[0]
             if stale:
                 raise AssertionError(f"the first request never claimed: {describe(stale[0])}")
             with past_lease(_lease_of(key, lease)):
                 retry = send(client_factory, method, path, data, key, extra)
             hold.release.set()
             thread.join(timeout)
+            if errors:
+                raise errors[0]
             if thread.is_alive() or not stale:
                 raise AssertionError(f"the first request did not finish within {timeout} s")
             replay = send(client_factory, method, path, data, key, extra)
