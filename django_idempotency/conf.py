@@ -29,7 +29,7 @@ DEFAULTS: dict[str, Any] = {
     "PRINCIPAL_RESOLVER": "django_idempotency.principals.user_principal",
     "RELEASE_STATUSES": (408, 409, 425, 429),
     "RELEASE_PREDICATE": None,
-    "PROBLEM_TYPE_BASE": "https://django-idempotency.readthedocs.io/en/stable/problems/#",
+    "PROBLEM_TYPE_BASE": "tag:django-idempotency,2026:problems#",
     # Robustness and security (docs/robustness.md, docs/security.md).
     "MAX_RESPONSE_BYTES": 1024 * 1024,
     "BODY_CODEC": None,

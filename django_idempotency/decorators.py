@@ -75,7 +75,7 @@ def idempotent(view: None = None, /, **options: Any) -> Callable[[F], F]: ...
 
 
 def idempotent(view: F | None = None, /, **options: Any) -> F | Callable[[F], F]:
-    """Make a view honour the ``Idempotency-Key`` header (docs/protocol.md).
+    """Make a view honour the ``Idempotency-Key`` header (docs/protocol.md, docs/usage.md).
 
     Use bare (``@idempotent``) or with options (``@idempotent(retention=7 * 86400)``)
     on a function view (``request, ...``), a DRF ``@api_view`` function (above or

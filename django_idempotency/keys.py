@@ -1,6 +1,6 @@
 """Parse and validate the ``Idempotency-Key`` request header.
 
-Two spellings are accepted (SPEC §2):
+Two spellings are accepted (docs/protocol.md#the-idempotency-key-header):
 
 * the IETF draft's Structured Field String (draft-ietf-httpapi-idempotency-key-header
   §2, RFC 9651 §3.3.3), e.g. ``"8e03978e-40d5-43e8-bc93-6894a57f9324"``, parsed with
@@ -69,7 +69,7 @@ def parse_key(raw: str | None, *, max_length: int) -> str | None:
                 "The Idempotency-Key header appears more than once or contains a comma; "
                 "send exactly one key."
             )
-        _check_chars(value)  # printable ASCII, inner spaces included (SPEC §2)
+        _check_chars(value)  # printable ASCII (0x20-0x7E), inner spaces included
         key = value
     if not key:
         raise InvalidKey("The Idempotency-Key is empty; send 1 or more characters.")

@@ -1,4 +1,4 @@
-"""Structured log lines for every decision of the protocol (SPEC §8).
+"""Structured log lines for every decision of the protocol (docs/observability.md).
 
 One line per decision on the ``django_idempotency.events`` logger, with these
 ``extra=`` fields (attributes of the ``LogRecord``, for JSON formatters):

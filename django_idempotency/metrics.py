@@ -1,4 +1,4 @@
-"""Metrics hooks (SPEC §8): counters fed by the protocol's signals, outbox gauges.
+"""Metrics hooks (docs/observability.md): counters fed by the signals, outbox gauges.
 
 A *sink* receives every metric event; :func:`connect` wires one to the signals of
 ``django_idempotency.signals`` (requests) and ``django_idempotency.relay`` (outbox).
@@ -226,7 +226,7 @@ class InMemoryMetrics:
 
 @dataclass(frozen=True)
 class OutboxStats:
-    """The outbox's state now, for gauges (SPEC §8, "outbox lag").
+    """The outbox's state now, for gauges such as the outbox lag (docs/observability.md).
 
     Attributes:
         pending: messages not yet delivered (due, backing off, or held by a relay).

@@ -1,4 +1,4 @@
-"""The idempotency record (SPEC §3, §4) and the outbox message (SPEC §5)."""
+"""The idempotency record (docs/concepts.md) and the outbox message (docs/outbox.md)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from ._compat import check_constraint
 
 
 class RecordState(models.TextChoices):
-    """States of the record's state machine (SPEC §4).
+    """States of the record's state machine (docs/concepts.md#the-state-machine).
 
     A released claim is deleted, so "released" is the absence of a row.
     """
@@ -90,7 +90,7 @@ class IdempotencyRecord(models.Model):
 
 
 class OutboxState(models.TextChoices):
-    """States of an outbox message (SPEC §5).
+    """States of an outbox message (docs/outbox.md).
 
     A message being delivered stays ``pending``: the relay leases it by moving its
     ``available_at`` into the future, so a relay that dies mid-delivery leaves it
@@ -103,7 +103,7 @@ class OutboxState(models.TextChoices):
 
 
 class OutboxMessage(models.Model):
-    """An effect outside the database, written in the view's transaction (SPEC §5).
+    """An effect outside the database, written in the view's transaction (docs/outbox.md).
 
     Rows are created by ``django_idempotency.outbox.enqueue`` and delivered by the relay
     (``django_idempotency.relay``). ``attempts`` counts deliveries started, so a relay

@@ -32,8 +32,8 @@ class Options:
         endpoint: a fixed endpoint name instead of "METHOD /route".
         release: ``callable(status) -> bool`` (or its dotted path): release (``True``)
             or store the response.
-        phases: the names of the view's atomic phases, in order (SPEC §5,
-            docs/phases.md). Non-empty: the view runs outside one transaction and
+        phases: the names of the view's atomic phases, in order
+            (docs/phases.md). Non-empty: the view runs outside one transaction and
             each ``request.idempotency.phase(name)`` block commits on its own.
     """
 
@@ -139,7 +139,7 @@ class Options:
     def should_release(self, status: int) -> bool:
         """Whether a returned ``status`` releases the key instead of being stored.
 
-        Default rule (SPEC §4): every 5xx and the ``RELEASE_STATUSES`` setting
+        Default rule (docs/configuration.md): every 5xx and the ``RELEASE_STATUSES`` setting
         (408, 409, 425, 429). A view's ``release`` or the ``RELEASE_PREDICATE``
         setting replaces the rule.
         """

@@ -1,4 +1,4 @@
-"""The transactional outbox: ``enqueue`` and the handler registry (SPEC §5).
+"""The transactional outbox: ``enqueue``, and the handler registry re-exported.
 
 A view records an effect outside the database (boot a VM, send an e-mail) as an
 :class:`~django_idempotency.models.OutboxMessage` row in its own transaction, so the
@@ -18,7 +18,9 @@ downstream so that a redelivery converges on the same downstream effect.
     # in a view, inside its transaction:
     outbox.enqueue("worker.boot", {"worker_id": worker.pk})
 
-See docs/outbox.md.
+The registry itself (``register``/``handler``, ``unregister``, ``get_handler``,
+``autodiscover``) lives in ``django_idempotency.handlers``, so that the relay can find
+handlers without importing this module. See docs/outbox.md.
 """
 
 from __future__ import annotations
@@ -26,27 +28,44 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import uuid
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
-from django.db import IntegrityError, connections, router, transaction
-from django.utils.module_loading import autodiscover_modules
+from django.db import IntegrityError, connections, transaction
 
 from . import clock, context
 from ._pg import pg_now
 from .conf import conf
+from .handlers import (
+    HANDLER_MODULE,
+    Handler,
+    autodiscover,
+    database_for_write,
+    get_handler,
+    register,
+    unregister,
+)
 from .models import OutboxMessage, OutboxState
+
+__all__ = [
+    "HANDLER_MODULE",
+    "Handler",
+    "NotInTransaction",
+    "autodiscover",
+    "database_for_write",
+    "enqueue",
+    "get_handler",
+    "handler",
+    "kick",
+    "register",
+    "unregister",
+]
 
 logger = logging.getLogger("django_idempotency.outbox")
 
-Handler = Callable[[OutboxMessage, str], Any]
-H = TypeVar("H", bound=Handler)
-
-#: Module looked for in every installed app by :func:`autodiscover`.
-HANDLER_MODULE = "outbox_handlers"
 _MAX = 255
-_handlers: dict[str, Handler] = {}
-_discovered = False
+
+#: ``@outbox.handler("worker.boot")``: the same as :func:`register`.
+handler = register
 
 
 class NotInTransaction(RuntimeError):
@@ -56,63 +75,6 @@ class NotInTransaction(RuntimeError):
     failed, which is what the outbox exists to prevent. Enqueue inside the view's
     transaction (an idempotent view runs in one), a phase, or an ``atomic()`` block.
     """
-
-
-def database_for_write() -> str:
-    """The database alias the router picks for writing outbox messages."""
-    return router.db_for_write(OutboxMessage) or "default"
-
-
-def register(topic: str) -> Callable[[H], H]:
-    """Register the decorated function as the handler of ``topic``.
-
-    The handler is called as ``handler(message, dedup_key)`` by the relay, outside
-    any transaction the relay holds, at least once per message: pass ``dedup_key``
-    downstream (as an idempotency key or request id) so redeliveries are harmless.
-    Raising marks the attempt failed (retried with backoff, dead-lettered at the
-    last attempt); returning marks the message sent.
-
-    Raises:
-        ValueError: another function is already registered for ``topic``.
-    """
-
-    def decorator(func: H) -> H:
-        existing = _handlers.get(topic)
-        if existing is not None and _name(existing) != _name(func):
-            raise ValueError(
-                f"outbox topic {topic!r} already has the handler {_name(existing)}; "
-                f"cannot register {_name(func)} too."
-            )
-        _handlers[topic] = func
-        return func
-
-    return decorator
-
-
-#: ``@outbox.handler("worker.boot")``: the same as :func:`register`.
-handler = register
-
-
-def unregister(topic: str) -> None:
-    """Forget the handler of ``topic`` (tests, reloading); no error if there is none."""
-    _handlers.pop(topic, None)
-
-
-def get_handler(topic: str) -> Handler | None:
-    """The handler registered for ``topic``, or ``None``."""
-    return _handlers.get(topic)
-
-
-def autodiscover() -> None:
-    """Import ``<app>.outbox_handlers`` for every installed app, once per process."""
-    global _discovered
-    if not _discovered:
-        autodiscover_modules(HANDLER_MODULE)
-        _discovered = True
-
-
-def _name(func: Callable[..., Any]) -> str:
-    return f"{func.__module__}.{getattr(func, '__qualname__', repr(func))}"
 
 
 def enqueue(

@@ -1,4 +1,4 @@
-"""Principal resolvers: who a request runs as (SPEC §3).
+"""Principal resolvers: who a request runs as, the scope of its keys (docs/usage.md).
 
 A resolver is ``callable(request) -> str | None``. ``None`` means "no principal that
 can scope a key safely": the request is refused with 401 when it carries a key. Two

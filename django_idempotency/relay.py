@@ -1,4 +1,4 @@
-"""The outbox relay: claim due messages, call their handlers, mark them (SPEC §5).
+"""The outbox relay: claim due messages, call their handlers, mark them (docs/outbox.md).
 
 :func:`deliver_batch` is one pass:
 
@@ -41,7 +41,7 @@ from django.db.models import F
 from django.db.models.expressions import RawSQL
 from django.dispatch import Signal
 
-from . import clock, outbox
+from . import clock, handlers
 from ._pg import pg_now
 from .conf import conf
 from .models import OutboxMessage, OutboxState
@@ -49,7 +49,8 @@ from .models import OutboxMessage, OutboxState
 logger = logging.getLogger("django_idempotency.outbox")
 
 #: Sent with ``sender`` = the topic and ``message_id``, ``attempts`` and ``lag``
-#: (seconds from ``created_at`` to now), for metrics (SPEC §8, "outbox lag").
+#: (seconds from ``created_at`` to now), for the delivery-lag metric
+#: (docs/observability.md).
 delivered = Signal()
 #: A delivery failed and will be retried: ``message_id``, ``attempts``, ``error``,
 #: ``retry_in`` (seconds).
@@ -141,8 +142,8 @@ def deliver_batch(
         django.db.DatabaseError: the database failed; claimed messages stay leased
             and are delivered after the lease.
     """
-    outbox.autodiscover()
-    using = using or outbox.database_for_write()
+    handlers.autodiscover()
+    using = using or handlers.database_for_write()
     limit = conf.outbox_batch_size if batch_size is None else int(batch_size)
     lease = conf.outbox_relay_lease if lease is None else float(lease)
     if limit < 1:
@@ -257,13 +258,13 @@ def _fenced(using: str, message: OutboxMessage) -> Any:
 def _deliver(using: str, item: _Claimed) -> bool:
     """Call the message's handler; a failure is recorded at once. Returns success."""
     message = item.message
-    handler = outbox.get_handler(message.topic)
+    handler = handlers.get_handler(message.topic)
     try:
         if handler is None:
             raise LookupError(
                 f"no outbox handler is registered for topic {message.topic!r}: register "
                 "one with @outbox.handler(topic) in a module the relay imports "
-                f"(e.g. <app>.{outbox.HANDLER_MODULE})"
+                f"(e.g. <app>.{handlers.HANDLER_MODULE})"
             )
         handler(message, message.dedup_key)
     except Exception as exc:

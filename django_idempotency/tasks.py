@@ -49,7 +49,7 @@ def send_relay_task(using: str | None = None) -> bool:
 
 @shared_task(name="django_idempotency.sweep", ignore_result=True)  # type: ignore[untyped-decorator]
 def sweep(using: str | None = None, dry_run: bool = False) -> dict[str, object]:
-    """Retention sweeper (SPEC §6); see ``retention.sweep``. Schedule it with beat.
+    """Retention sweeper (docs/retention.md); see ``retention.sweep``. Schedule it with beat.
 
     Returns:
         The sweep report as a JSON-serialisable dict (``SweepReport.as_dict``).

@@ -1,7 +1,7 @@
 """The scripted client of ``demo.py``: real HTTP requests against a running leasebroker.
 
 Each step prints what it sends and what comes back, then checks what
-django-idempotency promises (SPEC §2-§3). ``run_all`` returns the list of checks.
+django-idempotency promises (docs/protocol.md). ``run_all`` returns the list of checks.
 """
 
 from __future__ import annotations

@@ -63,6 +63,8 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "data_folder_out": str(BROKER_DIR),
         "processed_folder": str(BROKER_DIR / "processed"),
         "store_processed": False,
+        # The exchange tables; kombu's default is ./control, under whatever the cwd is.
+        "control_folder": str(BROKER_DIR / "control"),
     }
 CELERY_TASK_IGNORE_RESULT = True
 # The fake billing webhook of workers/notifications.py writes here.

@@ -1,0 +1,151 @@
+"""What the sync and async clients share: keys, the verdict on each attempt, events.
+
+The clients differ only in how they send a request (``httpx.Client`` or
+``httpx.AsyncClient``); everything they decide is here, in plain synchronous code.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import stamina
+
+from ..client_store import KeyStore, MemoryKeyStore, new_key
+from .backoff import Backoff
+from .errors import (
+    AttemptEvent,
+    NonRetryableError,
+    ResponseNotReplayable,
+    RetriesExhausted,
+    _describe,
+    _Retry,
+)
+from .responses import (
+    NOT_REPLAYABLE,
+    Verdict,
+    is_replay,
+    problem_slug,
+    retry_after_seconds,
+    verdict,
+)
+
+
+def _backoff_hook(exc: Exception) -> bool | float:
+    """The ``on=`` hook of stamina: retry only our ``_Retry``, after the wait it computed."""
+    return exc.wait if isinstance(exc, _Retry) else False
+
+
+class _Base:
+    """What the sync and async clients share: keys, decisions, events."""
+
+    def __init__(
+        self,
+        *,
+        attempts: int,
+        total_timeout: float | None,
+        backoff: Backoff | None,
+        key_store: KeyStore | None,
+        retry_statuses: frozenset[int] | set[int] | tuple[int, ...],
+        on_attempt: Callable[[AttemptEvent], None] | None,
+    ) -> None:
+        if attempts < 1:
+            raise ValueError(f"attempts must be 1 or more, not {attempts!r}")
+        self.attempts = attempts
+        self.total_timeout = total_timeout
+        self.backoff = backoff or Backoff()
+        self.keys: KeyStore = key_store if key_store is not None else MemoryKeyStore()
+        self.retry_statuses = frozenset(retry_statuses)
+        self.on_attempt = on_attempt
+
+    def _key(self, operation: str | None, key: str | None) -> str:
+        if key is not None and operation is not None:
+            raise TypeError("pass operation= or key=, not both")
+        if key is not None:
+            return key
+        if operation is not None:
+            return self.keys.key_for(operation)
+        return new_key()
+
+    def _retry_context(self) -> Any:
+        return stamina.retry_context(
+            on=_backoff_hook,
+            attempts=self.attempts,
+            timeout=self.total_timeout,
+            wait_initial=self.backoff.initial,
+            wait_max=self.backoff.maximum,
+            wait_jitter=0.0,
+        )
+
+    def _settle(
+        self,
+        *,
+        operation: str | None,
+        key: str,
+        number: int,
+        method: str,
+        url: str,
+        started: float,
+        response: httpx.Response | None,
+        error: Exception | None,
+    ) -> httpx.Response:
+        """Judge one attempt: return the response, or raise ``_Retry`` / a final error."""
+        if response is None:
+            outcome: Verdict = "retry"
+            wait: float | None = self.backoff.wait(number)
+        else:
+            outcome = verdict(response, retry_statuses=self.retry_statuses)
+            wait = None
+            if outcome == "retry":
+                wait = self.backoff.wait(number, retry_after_seconds(response))
+        if self.on_attempt is not None:
+            self.on_attempt(
+                AttemptEvent(
+                    operation=operation,
+                    key=key,
+                    number=number,
+                    method=method,
+                    url=url,
+                    status=None if response is None else response.status_code,
+                    error=error,
+                    replayed=response is not None and is_replay(response),
+                    verdict=outcome,
+                    wait=wait,
+                    elapsed=time.monotonic() - started,
+                )
+            )
+        if outcome == "success":
+            assert response is not None
+            return response
+        if outcome == "fail":
+            assert response is not None
+            not_replayable = problem_slug(response) == NOT_REPLAYABLE
+            final = ResponseNotReplayable if not_replayable else NonRetryableError
+            raise final(
+                _describe(method, url, response),
+                key=key,
+                operation=operation,
+                response=response,
+                attempts=number,
+            )
+        assert wait is not None
+        raise _Retry(wait, response, error)
+
+    @staticmethod
+    def _exhausted(
+        retry: _Retry, method: str, url: str, key: str, operation: str | None, attempts: int
+    ) -> RetriesExhausted:
+        if retry.response is not None:
+            last = _describe(method, url, retry.response)
+        else:
+            last = f"{method} {url}: {type(retry.error).__name__}: {retry.error}"
+        return RetriesExhausted(
+            f"gave up after {attempts} attempt(s); the last: {last}. The operation may "
+            f"have taken effect: retry later with the same key ({key}).",
+            key=key,
+            operation=operation,
+            response=retry.response,
+            attempts=attempts,
+        )
