@@ -220,3 +220,20 @@ def test_two_sweepers_at_once_do_the_work_once():
     assert not any(r.errors for r in reports)
     assert IdempotencyRecord.objects.filter(pk=live.record_id).exists()
     assert not IdempotencyRecord.objects.filter(pk__in=[c.record_id for c in old]).exists()
+
+
+def test_a_detach_that_waits_too_long_is_cancelled_and_finished_later(monkeypatch):
+    (old,) = old_claims((10,))
+    name = partition_of(old.record_id)
+    monkeypatch.setattr(retention, "LOCK_TIMEOUT", 0.2)
+    reader = connection.copy()
+    try:
+        reader.set_autocommit(False)
+        with reader.cursor() as cursor:  # an open transaction that read the old day
+            cursor.execute(f"LOCK TABLE {name} IN ACCESS SHARE MODE")
+        report = retention.sweep()  # autocommit: DETACH ... CONCURRENTLY, cancelled
+        assert [e.split(":")[0] for e in report.errors] == [name]
+    finally:
+        reader.rollback()
+        reader.close()
+    assert name in {p.name for p in retention.sweep().dropped}
