@@ -2,7 +2,7 @@
 # PgBouncer in transaction-pooling mode in front of the test PostgreSQL, for the
 # pooler pass of the suite (docs/testing.md):
 #
-#   .ci/pgbouncer.sh start          # listens on 127.0.0.1:6432 (PGBOUNCER_PORT)
+#   .ci/pgbouncer.sh start          # listens on 127.0.0.1:6433 (PGBOUNCER_PORT)
 #   .ci/pgbouncer.sh stop           # by its pidfile
 #   .ci/pgbouncer.sh run CMD ARG... # start, run CMD with PGBOUNCER_PORT set, stop
 #
@@ -10,13 +10,14 @@
 # databases are created directly on DATABASE_URL's server, the tests' connections go
 # through the pooler (tests/pgbouncer.py).
 #
-# Variables: PGBOUNCER_PORT (6432), PGBOUNCER_DIR (its config, pidfile and log;
-# default /tmp/django-idempotency-pgbouncer-$PGBOUNCER_PORT), PGHOST / PGPORT of the
-# server behind it (127.0.0.1 / 5432). Installs PgBouncer with apt-get if it is missing.
-# PgBouncer refuses to run as root: as root it runs as the postgres user.
+# Variables: PGBOUNCER_PORT (6433: a system PgBouncer may hold 6432), PGBOUNCER_DIR (its
+# config, pidfile and log; default /tmp/django-idempotency-pgbouncer-$PGBOUNCER_PORT),
+# PGHOST / PGPORT of the server behind it (127.0.0.1 / 5432). Installs PgBouncer with
+# apt-get if it is missing. PgBouncer refuses to run as root: as root it runs as the
+# postgres user.
 set -euo pipefail
 
-PORT="${PGBOUNCER_PORT:-6432}"
+PORT="${PGBOUNCER_PORT:-6433}"
 DIR="${PGBOUNCER_DIR:-/tmp/django-idempotency-pgbouncer-$PORT}"
 SERVER_HOST="${PGHOST:-127.0.0.1}"
 SERVER_PORT="${PGPORT:-5432}"
