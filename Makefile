@@ -5,17 +5,25 @@
 # (does the suite notice when a condition of the protocol is removed? docs/testing.md).
 # Variables: PYTHON (interpreter for the venv), VENV (its folder), DJANGO_SPEC / DRF_SPEC
 # (pin Django / DRF, e.g. "Django>=4.2,<5.0"), DATABASE_URL (the suite's and the demo's
-# database), STRESS_SCALE (make stress: fraction of its rounds, e.g. 0.3 in CI).
+# database), STRESS_SCALE (make stress: fraction of its rounds, e.g. 0.3 in CI),
+# PYTEST_ARGS (extra pytest arguments, e.g. a module or -k).
+# make test-pgbouncer   the pooler pass: POOLED_TESTS through PgBouncer in transaction
+#                       pooling mode (needs DATABASE_URL=postgres://...; docs/testing.md)
 
 PYTHON ?= python3
 VENV ?= .venv
 DJANGO_SPEC ?=
 DRF_SPEC ?=
 STRESS_SCALE ?= 1
+PYTEST_ARGS ?=
+POOLED_TESTS ?= tests/test_pgbouncer.py tests/test_topology.py tests/test_relay_workers.py \
+	tests/test_store.py tests/test_concurrency.py tests/test_phases.py tests/test_relay.py \
+	tests/test_relay_concurrency.py tests/test_retention.py tests/test_edges.py \
+	tests/test_wire.py tests/test_outbox.py
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test stress mutation storm lint docs install clean
+.PHONY: demo test test-pgbouncer stress mutation storm lint docs install clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +37,11 @@ demo: $(STAMP)
 	$(BIN)/python example_project/demo.py
 
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-pgbouncer: $(STAMP)
+	@case "$$DATABASE_URL" in postgres*) ;; *) echo "make test-pgbouncer needs PostgreSQL: DATABASE_URL=postgres://... make test-pgbouncer"; exit 2;; esac
+	.ci/pgbouncer.sh run $(BIN)/python -m pytest -p tests.pgbouncer $(POOLED_TESTS) $(PYTEST_ARGS)
 
 storm: $(STAMP)
 	$(BIN)/python example_project/storm.py

@@ -34,7 +34,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 TABLE = "django_idempotency_record"
 #: Partition names: ``PARTITION_PREFIX`` + ``YYYYMMDD`` (UTC day of ``created_at``).
 PARTITION_PREFIX = f"{TABLE}_p"
-#: First key of the two-integer advisory locks: the sweeper's session lock is
+#: First key of the two-integer advisory locks: the sweeper's lock (transaction-scoped) is
 #: ``(LOCK_NAMESPACE, 1)``; creating day ``d`` takes ``(LOCK_NAMESPACE + 1, d - 2000-01-01)``.
 #: (Scope locks use the one-bigint form, a separate key space.)
 LOCK_NAMESPACE = 1768187245  # "idem"

@@ -188,7 +188,9 @@ class OutboxMessageAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     @admin.action(description=_("Retry selected dead messages"), permissions=["change"])
     def retry_dead(self, request: HttpRequest, queryset: Any) -> None:
         """Dead messages back to pending: attempts 0, due now; the relay is kicked."""
-        using = queryset.db
+        # The UPDATE goes to the router's write database even when the changelist was
+        # read from a replica; the relay kicked must work on that database too.
+        using = queryset._db or outbox.database_for_write()
         count = queryset.filter(state=OutboxState.DEAD).update(
             state=OutboxState.PENDING, attempts=0, available_at=relay.now(using)
         )

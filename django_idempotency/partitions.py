@@ -10,9 +10,13 @@ blocking claims. Days are UTC dates. See docs/retention.md.
 from __future__ import annotations
 
 import datetime as dt
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ._pg_partitioned import (
@@ -112,24 +116,50 @@ def drop(connection: BaseDatabaseWrapper, partition: Partition, *, lock_timeout:
     """
     quoted = connection.ops.quote_name(partition.name)
     parent = connection.ops.quote_name(TABLE)
+    if connection.in_atomic_block:
+        _drop_in_transaction(connection, quoted, lock_timeout)
+        return
+    # Autocommit: no session setting (a transaction pooler would hand it to another
+    # client); the detach is cancelled if it waits longer than lock_timeout, and the
+    # drop runs in a transaction of its own with a transaction-local lock_timeout.
+    with connection.cursor() as cursor:
+        pending = _detach_pending(cursor, partition.name)
+        if partition.attached or pending:
+            mode = "FINALIZE" if pending else "CONCURRENTLY"
+            with _cancelled_after(connection, lock_timeout):
+                cursor.execute(f"ALTER TABLE {parent} DETACH PARTITION {quoted} {mode}")
+    with transaction.atomic(using=connection.alias):
+        _drop_in_transaction(connection, quoted, lock_timeout)
+
+
+def _drop_in_transaction(connection: BaseDatabaseWrapper, quoted: str, lock_timeout: float) -> None:
+    """``DROP TABLE`` waiting at most ``lock_timeout`` seconds, then the setting restored."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT current_setting('lock_timeout')")
         (previous,) = cursor.fetchone()
-        local = connection.in_atomic_block
-        restore = ("SELECT set_config('lock_timeout', %s, %s)", [previous, local])
-        cursor.execute("SELECT set_config('lock_timeout', %s, %s)", [f"{lock_timeout}s", local])
-        try:
-            if not local:
-                pending = _detach_pending(cursor, partition.name)
-                if partition.attached or pending:
-                    mode = "FINALIZE" if pending else "CONCURRENTLY"
-                    cursor.execute(f"ALTER TABLE {parent} DETACH PARTITION {quoted} {mode}")
-            cursor.execute(f"DROP TABLE IF EXISTS {quoted}")
-        except BaseException:
-            if not local:  # a failed transaction forgets its local setting by itself
-                cursor.execute(*restore)
-            raise
-        cursor.execute(*restore)
+        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{lock_timeout}s"])
+        cursor.execute(f"DROP TABLE IF EXISTS {quoted}")
+        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
+
+
+@contextmanager
+def _cancelled_after(connection: BaseDatabaseWrapper, seconds: float) -> Iterator[None]:
+    """Cancel the statement run in the block if it still runs after ``seconds``.
+
+    A cancel request goes to the server (through a pooler, to the server session the
+    statement runs on); the statement then fails with ``QueryCanceled`` (an
+    ``OperationalError``). Used where a ``lock_timeout`` would have to be a session
+    setting: ``DETACH PARTITION ... CONCURRENTLY`` cannot run in a transaction.
+    """
+    connection.ensure_connection()
+    timer = threading.Timer(seconds, connection.connection.cancel)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        timer.join()
 
 
 def holds_live_records(

@@ -18,8 +18,10 @@
 
 A record is therefore stored for its own window plus at most about a day (the rest of
 its partition's day, and the time to the next sweep), whatever other views use. On
-PostgreSQL a session advisory lock makes a concurrent second run a no-op
-(``skipped``); every step is idempotent, so re-running is always safe.
+PostgreSQL a transaction-scoped advisory lock, held for the sweep by a transaction of
+its own, makes a concurrent second run a no-op (``skipped``); it is safe behind a
+transaction pooler (docs/deployment.md). Every step is idempotent, so re-running is
+always safe.
 """
 
 from __future__ import annotations
@@ -187,31 +189,31 @@ def sweep(using: str | None = None, *, dry_run: bool = False) -> SweepReport:
 
 @contextmanager
 def _exclusive(connection: BaseDatabaseWrapper, dry_run: bool) -> Iterator[bool]:
-    """One sweeper at a time per PostgreSQL database (a session advisory lock)."""
+    """One sweeper at a time per PostgreSQL database.
+
+    The lock is transaction-scoped (``pg_try_advisory_xact_lock``) and held by a
+    transaction of its own, on a second connection, for the whole sweep: the sweep's
+    own statements cannot share it, since ``DETACH PARTITION ... CONCURRENTLY`` runs
+    outside any transaction. An open transaction keeps one server session, even behind
+    a transaction pooler (PgBouncer), so the lock is taken and released (by the
+    transaction's end) on the same session, never leaked to another client's; a
+    sweeper that dies drops its connection, which ends the transaction and the lock.
+    That transaction takes no table lock: the detaches never wait for it.
+    """
     if dry_run or connection.vendor != "postgresql":
         yield True
         return
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_try_advisory_lock(%s, %s)", list(SWEEP_LOCK))
-        (acquired,) = cursor.fetchone()
-    if not acquired:
-        yield False
-        return
+    holder = connection.copy()
     try:
-        yield True
-    except BaseException:
-        # Inside a failed transaction the unlock cannot run; the lock then lasts until
-        # the session ends (this session may still re-enter it).
-        if not connection.needs_rollback:
-            with suppress(DatabaseError):  # never hide the original error
-                _unlock(connection)
-        raise
-    _unlock(connection)
-
-
-def _unlock(connection: BaseDatabaseWrapper) -> None:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_unlock(%s, %s)", list(SWEEP_LOCK))
+        holder.set_autocommit(False)
+        with holder.cursor() as cursor:
+            cursor.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", list(SWEEP_LOCK))
+            (acquired,) = cursor.fetchone()
+        yield bool(acquired)
+    finally:
+        with suppress(DatabaseError):  # never hide the original error
+            holder.rollback()  # ends the transaction: releases the lock
+        holder.close()
 
 
 def _forgettable(using: str, now: dt.datetime) -> QuerySet[IdempotencyRecord]:

@@ -26,6 +26,12 @@ if DATABASES["default"]["ENGINE"].endswith("postgresql"):
     DATABASES["default"]["TEST"] = {
         "NAME": env("PG_TEST_NAME", default=f"test_django_idempotency_{_checkout}")
     }
+    # A second real database on the same server, for the read-replica tests
+    # (tests/test_topology.py): created only when a collected test asks for it.
+    DATABASES["replica"] = {
+        **DATABASES["default"],
+        "TEST": {"NAME": f"{DATABASES['default']['TEST']['NAME']}_replica"},
+    }
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     # A file, not :memory:, so that threads in concurrency tests share one database.
     _default_path = Path(tempfile.gettempdir()) / f"django_idempotency_test_{_checkout}.sqlite3"
