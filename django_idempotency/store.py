@@ -1,4 +1,4 @@
-"""Every SQL statement of the claim / complete protocol (SPEC §4). Nothing HTTP.
+"""Every SQL statement of the claim / complete protocol (docs/concepts.md). Nothing HTTP.
 
 * :func:`claim`: an insert against the unique constraint on (principal, endpoint,
   key), committed on its own. On PostgreSQL one statement does the insert and, on
@@ -101,7 +101,7 @@ class HeartbeatUnavailable(RuntimeError):
 
 @dataclass(frozen=True)
 class Scope:
-    """What identifies a record: the principal, the endpoint and the key (SPEC §3)."""
+    """What identifies a record: the principal, the endpoint and the key (docs/protocol.md)."""
 
     principal: str
     endpoint: str
@@ -127,7 +127,7 @@ class Claim:
     """Ownership of a key: this request may execute the view.
 
     ``taken_over`` is true when the expired lease of an earlier attempt was taken
-    over; ``recovery_point`` is then the last phase that attempt finished (SPEC §5).
+    over; ``recovery_point`` is then the last phase that attempt finished (docs/phases.md).
     ``using`` is the database alias of the record; ``committed`` is false when the
     claim was made inside a caller's transaction and is not yet visible to others.
     ``lease`` is the claim's lease in seconds: a completed response stays replayable
@@ -567,7 +567,7 @@ def complete(claim: Claim, response: StoredResponse) -> None:
     """Mark the claim completed with ``response``, fenced by the owner token.
 
     Must run inside the atomic block that holds the view's business writes, so the
-    effect and the record commit together (SPEC §4). The body is written through
+    effect and the record commit together. The body is written through
     :func:`encode_body`: dropped past ``MAX_RESPONSE_BYTES``, else encoded by
     ``BODY_CODEC``.
 
@@ -651,7 +651,7 @@ def release(claim: Claim) -> bool:
 
 
 def advance(claim: Claim, recovery_point: str) -> None:
-    """Record that phase ``recovery_point`` finished, fenced by the owner token (SPEC §5).
+    """Record that phase ``recovery_point`` finished, fenced by the owner token (docs/phases.md).
 
     Must run inside the phase's atomic block, so the phase's writes and the new
     recovery point commit together.
