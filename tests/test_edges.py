@@ -3,7 +3,7 @@ timestamps taken after a wait, isolation levels, and takeovers that never wait o
 stalled original.
 
 Every test runs on SQLite and on PostgreSQL with both record tables (day-partitioned and
-plain), unless its mechanism exists on one backend only.
+plain: the ``record_table`` fixture), unless its mechanism exists on one backend only.
 """
 
 from __future__ import annotations
@@ -15,13 +15,10 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from django.core.management import call_command
 from django.db import connection, connections, transaction
-from django.db.migrations.loader import MigrationLoader
 from django.test import override_settings
 
 from django_idempotency import partitions, retention, store, testing
-from django_idempotency._pg_partitioned import forget, is_partitioned
 from django_idempotency.models import IdempotencyRecord, OutboxMessage
 from tests.concurrency import Runner, token_client
 from tests.testapp.gates import GATES, Gate
@@ -31,37 +28,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 DAY = 86400.0
 FP, OTHER_FP = "a" * 64, "b" * 64
 APP = "django_idempotency"
-
-
-def _migrate(target: str, **settings: object) -> None:
-    with override_settings(IDEMPOTENCY=settings):
-        call_command("migrate", APP, target, verbosity=0)
-    forget()
-
-
-def _latest() -> str:
-    (leaf,) = [name for app, name in MigrationLoader(connection).graph.leaf_nodes() if app == APP]
-    return leaf
-
-
-@pytest.fixture(params=["partitioned", "plain"])
-def table(request: pytest.FixtureRequest) -> Iterator[str]:
-    """The record table kind under test: on PostgreSQL both, on SQLite the plain one."""
-    if connection.vendor != "postgresql":
-        if request.param == "partitioned":
-            pytest.skip("SQLite has the plain table only")
-        yield "plain"
-        return
-    if request.param == "plain":
-        _migrate("0002_outbox")
-        _migrate(_latest(), PARTITION_RECORDS=False)
-    try:
-        assert is_partitioned(connection) == (request.param == "partitioned")
-        yield request.param
-    finally:
-        if request.param == "plain":
-            _migrate("0002_outbox")
-            _migrate(_latest())
 
 
 def scope() -> store.Scope:
@@ -90,7 +56,7 @@ def to_midnight() -> float:
 # --- the sweeper never forgets a live record -----------------------------------------
 
 
-def test_a_takeover_near_the_end_of_the_window_survives_the_sweep(table):
+def test_a_takeover_near_the_end_of_the_window_survives_the_sweep(record_table):
     """Claimed before midnight, taken over just before its window ends, swept while the
     new owner runs: the record, its recovery point and its lease all stand."""
     settings = {"RETENTION": DAY, "MAX_RETENTION": DAY}
@@ -120,7 +86,7 @@ def test_a_takeover_near_the_end_of_the_window_survives_the_sweep(table):
         assert isinstance(replay, store.Existing) and replay.response.body == b"done"
 
 
-def test_a_view_window_longer_than_max_retention_is_honoured(table):
+def test_a_view_window_longer_than_max_retention_is_honoured(record_table):
     sc = scope()
     complete(claim(sc, retention_s=14 * DAY), b"two weeks")  # MAX_RETENTION: 7 days
     for days in (8, 9, 13.9):
@@ -133,7 +99,7 @@ def test_a_view_window_longer_than_max_retention_is_honoured(table):
         assert IdempotencyRecord.objects.filter(key=sc.key).count() == 0
 
 
-def test_lowering_max_retention_keeps_records_already_written(table):
+def test_lowering_max_retention_keeps_records_already_written(record_table):
     with testing.travel(-3 * DAY):
         won = claim(scope(), retention_s=7 * DAY)
         complete(won)
@@ -142,7 +108,7 @@ def test_lowering_max_retention_keeps_records_already_written(table):
     assert exists(won)
 
 
-def test_storage_follows_each_records_own_window(table):
+def test_storage_follows_each_records_own_window(record_table):
     """1 h, 24 h and 7 d records side by side: each is gone about a day after its own
     window, not after the longest one."""
     hour, day, week = (
@@ -155,14 +121,14 @@ def test_storage_follows_each_records_own_window(table):
     with testing.travel(2 * DAY + 60):
         report = retention.sweep()
     assert not exists(hour) and not exists(day) and exists(week)
-    if table == "partitioned":
+    if record_table == "partitioned":
         assert report.dropped and not report.held
     with testing.travel(9 * DAY):
         retention.sweep()
     assert not exists(week)
 
 
-def test_a_live_lease_holds_its_partition_past_its_day(table):
+def test_a_live_lease_holds_its_partition_past_its_day(record_table):
     """A heartbeat keeps a claim beyond its window; its day is kept (``held``)."""
     sc = scope()
     won = claim(sc, lease=60, retention_s=60)
@@ -172,7 +138,7 @@ def test_a_live_lease_holds_its_partition_past_its_day(table):
         report = retention.sweep()
         assert exists(won)
         assert isinstance(claim(sc, retention_s=60), store.Existing)
-    if table == "partitioned":
+    if record_table == "partitioned":
         assert report.held == [partitions.partition_name(won_day(won))]
     with testing.travel(3 * DAY + 120):
         retention.sweep()
@@ -188,7 +154,7 @@ def won_day(won: store.Claim) -> dt.date:
 # --- a late completion stays replayable ------------------------------------------------
 
 
-def test_a_completion_after_the_window_stays_replayable(table):
+def test_a_completion_after_the_window_stays_replayable(record_table):
     sc = scope()
     assert isinstance(claim(sc, lease=10, retention_s=60), store.Claim)
     with testing.travel(58):  # the lease is over, 2 s of the window are left
@@ -226,7 +192,7 @@ def _wait_until_blocked(pid: int) -> None:
 
 
 @pytest.mark.postgres
-def test_a_claim_that_waited_gets_its_whole_lease(table):
+def test_a_claim_that_waited_gets_its_whole_lease(record_table):
     """A claim queued behind another writer of its scope (longer than its lease) is
     stamped after the wait: it is never born with a spent lease."""
     retention.sweep()  # the claim's partition exists: the lock is its only wait
@@ -239,7 +205,7 @@ def test_a_claim_that_waited_gets_its_whole_lease(table):
     try:
         holder.set_autocommit(False)
         with holder.cursor() as cursor:
-            if table == "partitioned":  # another writer holds the scope's lock
+            if record_table == "partitioned":  # another writer holds the scope's lock
                 cursor.execute(
                     "SELECT pg_advisory_xact_lock(hashtextextended(%s || chr(31) || %s || "
                     "chr(31) || %s, 7310034283826791680))",
@@ -282,7 +248,7 @@ def test_a_claim_that_waited_gets_its_whole_lease(table):
 
 
 @pytest.mark.postgres
-def test_a_takeover_skips_a_row_locked_by_a_stalled_owner(table):
+def test_a_takeover_skips_a_row_locked_by_a_stalled_owner(record_table):
     """The original wrote its completion (row locked) and stalled before COMMIT: a
     retry answers in flight at once instead of queueing behind it."""
     sc = scope()
@@ -311,7 +277,7 @@ def test_a_takeover_skips_a_row_locked_by_a_stalled_owner(table):
 
 
 @pytest.mark.postgres
-def test_a_takeover_enqueues_without_waiting_for_the_stalled_original(table, alice, key):
+def test_a_takeover_enqueues_without_waiting_for_the_stalled_original(record_table, alice, key):
     """The original enqueued its message (default dedup key) and hangs uncommitted; the
     retry that takes it over enqueues and completes without waiting; the original is
     then fenced, and one message is left."""
@@ -375,7 +341,7 @@ def strict_isolation(request: pytest.FixtureRequest) -> Iterator[str]:
 
 
 @pytest.mark.postgres
-def test_claims_work_at_stricter_isolation_levels(table, strict_isolation, api, key):
+def test_claims_work_at_stricter_isolation_levels(record_table, strict_isolation, api, key):
     assert store.stricter_than_read_committed(connection)
     first = api.post("/widgets", {"name": "w"}, format="json", HTTP_IDEMPOTENCY_KEY=key)
     replay = api.post("/widgets", {"name": "w"}, format="json", HTTP_IDEMPOTENCY_KEY=key)
@@ -391,7 +357,7 @@ def test_claims_work_at_stricter_isolation_levels(table, strict_isolation, api, 
 
 @pytest.mark.postgres
 def test_a_takeover_fences_the_original_with_409_at_stricter_levels(
-    table, strict_isolation, alice, key
+    record_table, strict_isolation, alice, key
 ):
     name = uuid.uuid4().hex
     GATES[name] = gate = Gate()
@@ -418,14 +384,16 @@ def test_a_takeover_fences_the_original_with_409_at_stricter_levels(
 
 
 @pytest.mark.postgres
-def test_a_heartbeat_is_refused_clearly_at_stricter_levels(table, strict_isolation, api, key):
+def test_a_heartbeat_is_refused_clearly_at_stricter_levels(
+    record_table, strict_isolation, api, key
+):
     with pytest.raises(store.HeartbeatUnavailable, match="READ COMMITTED"):
         api.post("/heartbeat", {}, format="json", HTTP_IDEMPOTENCY_KEY=key)
     assert not IdempotencyRecord.objects.filter(key=key).exists()  # released
 
 
 @pytest.mark.postgres
-def test_a_server_default_isolation_is_detected_by_the_claim(table, api, key):
+def test_a_server_default_isolation_is_detected_by_the_claim(record_table, api, key):
     """Django thinks READ COMMITTED; the server defaults to REPEATABLE READ."""
     name = connection.settings_dict["NAME"]
     with connection.cursor() as cursor:
@@ -449,8 +417,8 @@ def test_a_server_default_isolation_is_detected_by_the_claim(table, api, key):
 
 
 @pytest.mark.postgres
-def test_the_sweeper_creates_every_partition_a_claim_needs(table):
-    if table != "partitioned":
+def test_the_sweeper_creates_every_partition_a_claim_needs(record_table):
+    if record_table != "partitioned":
         pytest.skip("partitions only")
     retention.sweep()
     before = {p.name for p in partitions.list_partitions(connection)}
