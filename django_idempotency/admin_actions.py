@@ -17,7 +17,7 @@ from django.template.response import TemplateResponse
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
-from . import store
+from . import operators
 from .models import RecordState
 
 
@@ -74,7 +74,11 @@ class RecordActionsMixin:
         if not _confirmed(request):
             return self._confirm(request, queryset, targets, "end_leases")
         selected = queryset.count()
-        count = store.end_leases(list(queryset.values_list("pk", flat=True)), using=queryset.db)
+        # Written on the router's write database (None) unless the queryset was pinned:
+        # ``queryset.db`` would be the read database, perhaps a replica.
+        count = operators.end_leases(
+            list(queryset.values_list("pk", flat=True)), using=getattr(queryset, "_db", None)
+        )
         self.message_user(
             request,
             ngettext(
@@ -99,8 +103,8 @@ class RecordActionsMixin:
         if not _confirmed(request):
             return self._confirm(request, queryset, targets, "forget_responses")
         selected = queryset.count()
-        count = store.forget_responses(
-            list(queryset.values_list("pk", flat=True)), using=queryset.db
+        count = operators.forget_responses(
+            list(queryset.values_list("pk", flat=True)), using=getattr(queryset, "_db", None)
         )
         self.message_user(
             request,

@@ -24,7 +24,7 @@ from django.http.multipartparser import MultiPartParserError
 from django.http.request import RawPostDataException
 from django.http.response import HttpResponseBase
 
-from . import fingerprint, problems, signals, store, transactions
+from . import fingerprint, operators, problems, signals, store, transactions
 from .conf import conf
 from .keys import HEADER, InvalidKey, parse_key
 from .logging import key_hash
@@ -235,7 +235,7 @@ def _claim(
                     using=using,
                 )
             else:
-                result = store.peek(scope, fp, using=using)
+                result = operators.peek(scope, fp, using=using)
         except (DatabaseError, InterfaceError) as exc:
             signals.store_failed.send(scope.endpoint, error=exc, **signal_kwargs)
             return _problem(

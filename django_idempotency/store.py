@@ -1,4 +1,4 @@
-"""Every SQL statement of the claim / complete protocol (SPEC §4). Nothing HTTP.
+"""Every SQL statement of the claim / complete protocol (docs/concepts.md). Nothing HTTP.
 
 * :func:`claim`: an insert against the unique constraint on (principal, endpoint,
   key), committed on its own. On PostgreSQL one statement does the insert and, on
@@ -28,7 +28,6 @@ import logging
 import uuid
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
-from dataclasses import dataclass
 from typing import Any
 
 from django.db import (
@@ -56,10 +55,30 @@ from ._pg import (
 )
 from ._pg_partitioned import PG_PARTITIONED_CLAIM_SQL, is_partitioned
 from ._pg_partitioned import forget as forget_table_kind
-from .conf import conf
+from .bodies import decode_body, encode_body
+from .claims import Claim, Existing, Headers, HeartbeatUnavailable, LeaseLost, Scope, StoredResponse
 from .models import IdempotencyRecord, RecordState
 
-Headers = list[tuple[str, str]]
+__all__ = [
+    "Claim",
+    "Existing",
+    "Headers",
+    "HeartbeatUnavailable",
+    "LeaseLost",
+    "Scope",
+    "StoredResponse",
+    "advance",
+    "claim",
+    "complete",
+    "database_for_write",
+    "decode_body",
+    "encode_body",
+    "extend",
+    "fetch",
+    "release",
+    "stricter_than_read_committed",
+    "suspend",
+]
 
 logger = logging.getLogger("django_idempotency")
 
@@ -82,89 +101,6 @@ _SERIALIZATION_FAILURE = "40001"
 #: scope before its times are taken again (``PG_RESTAMP_SQL``), as a fraction of the
 #: lease and at most this long.
 _RESTAMP_AFTER = 0.05
-
-
-class LeaseLost(DatabaseError):
-    """The fenced completion updated no row: another request took over the key."""
-
-
-class HeartbeatUnavailable(RuntimeError):
-    """A heartbeat was asked for on a database above READ COMMITTED.
-
-    The heartbeat commits beside the view's open transaction; at REPEATABLE READ or
-    SERIALIZABLE, PostgreSQL would then refuse the view's own fenced completion of the
-    same row (a serialization failure), so the view could never complete. Give such
-    views a lease longer than their longest run, or use READ COMMITTED for the
-    database that holds the records (docs/storage.md).
-    """
-
-
-@dataclass(frozen=True)
-class Scope:
-    """What identifies a record: the principal, the endpoint and the key (SPEC §3)."""
-
-    principal: str
-    endpoint: str
-    key: str
-
-
-@dataclass(frozen=True)
-class StoredResponse:
-    """A response as stored: status, replayable headers (name, value) and body bytes.
-
-    ``replayable`` is ``False`` for a completed response whose body was longer than
-    ``MAX_RESPONSE_BYTES``: only its status and headers were kept (``body`` is empty).
-    """
-
-    status: int
-    headers: Headers
-    body: bytes
-    replayable: bool = True
-
-
-@dataclass(frozen=True)
-class Claim:
-    """Ownership of a key: this request may execute the view.
-
-    ``taken_over`` is true when the expired lease of an earlier attempt was taken
-    over; ``recovery_point`` is then the last phase that attempt finished (SPEC §5).
-    ``using`` is the database alias of the record; ``committed`` is false when the
-    claim was made inside a caller's transaction and is not yet visible to others.
-    ``lease`` is the claim's lease in seconds: a completed response stays replayable
-    at least that long after its completion commits.
-    """
-
-    scope: Scope
-    record_id: int
-    owner_token: uuid.UUID
-    taken_over: bool
-    recovery_point: str
-    using: str
-    committed: bool = True
-    lease: float = 0.0
-
-
-@dataclass(frozen=True)
-class Existing:
-    """A record this request collided with, judged by the store's clock.
-
-    ``lease_remaining`` is in seconds (negative once the lease ran out); ``expired``
-    says the retention window is over; ``response`` is set once completed.
-    """
-
-    record_id: int
-    state: str
-    fingerprint: str
-    lease_remaining: float
-    expired: bool
-    response: StoredResponse | None
-    owner_token: uuid.UUID | None = None
-    recovery_point: str = ""
-
-    @property
-    def completed(self) -> bool:
-        """Whether the record holds a stored response."""
-        return self.state == RecordState.COMPLETED
 
 
 def database_for_write() -> str:
@@ -567,7 +503,7 @@ def complete(claim: Claim, response: StoredResponse) -> None:
     """Mark the claim completed with ``response``, fenced by the owner token.
 
     Must run inside the atomic block that holds the view's business writes, so the
-    effect and the record commit together (SPEC §4). The body is written through
+    effect and the record commit together. The body is written through
     :func:`encode_body`: dropped past ``MAX_RESPONSE_BYTES``, else encoded by
     ``BODY_CODEC``.
 
@@ -613,31 +549,6 @@ def complete(claim: Claim, response: StoredResponse) -> None:
         raise LeaseLost(f"record {claim.record_id}: the lease was lost before completion")
 
 
-def encode_body(body: bytes) -> bytes | None:
-    """What :func:`complete` writes as ``response_body`` for a response body.
-
-    ``None`` (SQL NULL: not replayable) when ``body`` is longer than the
-    ``MAX_RESPONSE_BYTES`` setting, else ``body`` passed through ``BODY_CODEC``'s
-    ``encode`` (unchanged without a codec). The limit applies to the plain body.
-    """
-    limit = conf.max_response_bytes
-    if limit is not None and len(body) > limit:
-        return None
-    codec = conf.body_codec
-    return body if codec is None else bytes(codec.encode(body))
-
-
-def decode_body(stored: bytes | memoryview) -> bytes:
-    """A stored ``response_body`` as the view returned it: ``BODY_CODEC``'s ``decode``.
-
-    Raises:
-        Whatever the codec raises for data it cannot decode (e.g. a removed key).
-    """
-    codec = conf.body_codec
-    data = bytes(stored)
-    return data if codec is None else bytes(codec.decode(data))
-
-
 def release(claim: Claim) -> bool:
     """Delete the claim if this request still owns it and no phase of it committed.
 
@@ -651,7 +562,7 @@ def release(claim: Claim) -> bool:
 
 
 def advance(claim: Claim, recovery_point: str) -> None:
-    """Record that phase ``recovery_point`` finished, fenced by the owner token (SPEC §5).
+    """Record that phase ``recovery_point`` finished, fenced by the owner token (docs/phases.md).
 
     Must run inside the phase's atomic block, so the phase's writes and the new
     recovery point commit together.
@@ -719,87 +630,3 @@ def extend(claim: Claim, seconds: float) -> bool:
     finally:
         if target is not connection:
             target.close()
-
-
-# -- Operators and lookups (admin actions, replay without running) ---------------------
-
-
-def end_leases(record_ids: list[int], *, using: str | None = None) -> int:
-    """End the live leases of the claimed records ``record_ids`` now (operators).
-
-    One UPDATE setting ``lease_until`` to the store's clock for the rows that are
-    still claimed with a live lease. The next request with such a key and the same
-    fingerprint takes the claim over (a phased view resumes after its recovery
-    point); if the original request is still running, its completion is fenced off
-    (:class:`LeaseLost`, its writes rolled back), unless it heartbeats first.
-
-    Args:
-        record_ids: primary keys of ``IdempotencyRecord`` rows.
-        using: database alias; by default the router's choice for writes.
-
-    Returns:
-        How many leases were ended (completed records and leases that had already
-        run out are left alone and not counted).
-    """
-    using = using or database_for_write()
-    return int(
-        IdempotencyRecord.objects.using(using)
-        .filter(
-            pk__in=list(record_ids),
-            state=RecordState.CLAIMED,
-            lease_until__gt=_now_value(using),
-        )
-        .update(lease_until=_now_value(using))
-    )
-
-
-def forget_responses(record_ids: list[int], *, using: str | None = None) -> int:
-    """Delete the completed records ``record_ids``: their keys become new (operators).
-
-    The next request with such a key runs the view again, a second time. Outbox
-    messages that the first execution enqueued are kept (their link to the record is
-    cleared); claimed records are left alone (end their lease instead).
-
-    Args:
-        record_ids: primary keys of ``IdempotencyRecord`` rows.
-        using: database alias; by default the router's choice for writes.
-
-    Returns:
-        How many records were deleted.
-    """
-    using = using or database_for_write()
-    rows = IdempotencyRecord.objects.using(using).filter(
-        pk__in=list(record_ids), state=RecordState.COMPLETED
-    )
-    with transaction.atomic(using=using):
-        _total, per_model = rows.delete()
-    return int(per_model.get(IdempotencyRecord._meta.label, 0))
-
-
-def peek(scope: Scope, fingerprint: str, *, using: str | None = None) -> Existing | None:
-    """What :func:`claim` would collide with, without claiming anything.
-
-    For a request that may not run the view (DRF found no renderer for its
-    ``Accept``) but may still be answered from the record: a replay, a 422 or a 409.
-
-    Returns:
-        The :class:`Existing` record that stands (completed inside its window, or
-        claimed with a live lease, or claimed by a request with another fingerprint);
-        ``None`` when a claim would own the key (no record, a record past its window,
-        or an expired lease with the same fingerprint that would be taken over).
-
-    Raises:
-        django.db.DatabaseError: the database failed.
-    """
-    existing = fetch(scope, using=using)
-    if existing is None:
-        return None
-    if existing.expired and (existing.completed or existing.lease_remaining <= 0):
-        return None
-    if (
-        not existing.completed
-        and existing.lease_remaining <= 0
-        and existing.fingerprint == fingerprint
-    ):
-        return None
-    return existing

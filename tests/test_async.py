@@ -1,4 +1,4 @@
-"""Async function views under the ASGI handler: concurrent duplicates (SPEC §2, §4).
+"""Async function views under the ASGI handler: concurrent duplicates (docs/protocol.md).
 
 Requests go through Django's real ``ASGIHandler`` (via httpx's ASGI transport), which
 gives each request its own thread-sensitive context, as uvicorn/daphne would: the

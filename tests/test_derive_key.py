@@ -1,4 +1,4 @@
-"""Derived keys (SPEC §5): a stable, documented format."""
+"""Derived keys (docs/phases.md): a stable, documented format."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The example's Celery worker relays the outbox with no broker server (SPEC §5).
+"""The example's Celery worker relays the outbox with no broker server (docs/outbox.md).
 
 A real ``celery -A leasebroker worker --beat`` runs as a subprocess on kombu's
 filesystem transport (the example's embedded default). A worker is provisioned over

@@ -186,15 +186,16 @@ def test_back_to_the_plain_table_keeps_the_newer_of_two_rows_of_one_scope():
         cursor.execute(
             "INSERT INTO django_idempotency_record (principal, endpoint, key, fingerprint, "
             "state, owner_token, lease_until, recovery_point, response_headers, created_at, "
-            "expires_at) SELECT principal, endpoint, key, %s, 'claimed', gen_random_uuid(), "
-            "now() + interval '30 seconds', '', '[]'::jsonb, now(), now() + interval '1 day' "
+            "expires_at, sweep_after) SELECT principal, endpoint, key, %s, 'claimed', "
+            "gen_random_uuid(), now() + interval '30 seconds', '', '[]'::jsonb, now(), "
+            "now() + interval '1 day', now() + interval '1 day' "
             "FROM django_idempotency_record WHERE key = %s",
             [OTHER_FP, sc.key],
         )
     assert IdempotencyRecord.objects.filter(key=sc.key).count() == 2
     try:
-        migrate(BEFORE)
+        to_plain()
         (kept,) = IdempotencyRecord.objects.filter(key=sc.key)
         assert kept.fingerprint == OTHER_FP and kept.state == "claimed"
     finally:
-        migrate(latest())
+        to_partitioned()

@@ -1,4 +1,4 @@
-"""Atomic phases and recovery points (SPEC §5): tests/testapp/views.py ``provision``."""
+"""Atomic phases and recovery points (docs/phases.md): tests/testapp/views.py ``provision``."""
 
 from __future__ import annotations
 

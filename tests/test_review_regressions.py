@@ -24,7 +24,7 @@ def test_a_key_reused_after_its_retention_window_gets_its_own_outbox_message():
     key = str(uuid.uuid4())
     first = client.post("/ship", {"what": "first"}, format="json", HTTP_IDEMPOTENCY_KEY=key)
     assert first.status_code == 201
-    with travel(120):  # past the view's 60 s retention: the key is new (SPEC §6)
+    with travel(120):  # past the view's 60 s retention: the key is new (docs/retention.md)
         second = client.post("/ship", {"what": "second"}, format="json", HTTP_IDEMPOTENCY_KEY=key)
     assert second.status_code == 201 and "Idempotent-Replayed" not in second
     payloads = sorted(m["what"] for m in OutboxMessage.objects.values_list("payload", flat=True))

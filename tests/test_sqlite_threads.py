@@ -1,4 +1,4 @@
-"""SQLite, one process, many threads: the same once-only guarantee (SPEC §7).
+"""SQLite, one process, many threads: the same once-only guarantee (docs/storage.md).
 
 SQLite has one writer at a time, so duplicates queue on its lock instead of racing;
 the outcome must still be one execution, every other answer a 409 or a replay.

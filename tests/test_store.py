@@ -1,4 +1,4 @@
-"""The state machine of SPEC §4 at the store level, on SQLite and PostgreSQL.
+"""The record's state machine (docs/concepts.md) at the store level, on SQLite and PostgreSQL.
 
 Runs with real transactions (``transaction=True``), so each claim commits on its own as
 in production. Time moves with ``testing.travel``; nothing sleeps.

@@ -1,4 +1,4 @@
-"""``manage.py idempotency_sweep`` and the Celery task (SPEC §6), SQLite and PostgreSQL."""
+"""``manage.py idempotency_sweep`` and the Celery task (docs/retention.md), on both backends."""
 
 from __future__ import annotations
 

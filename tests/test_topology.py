@@ -182,3 +182,28 @@ def test_the_admin_retry_action_kicks_the_relay_of_the_primary(routed, monkeypat
     assert retried.state == OutboxState.PENDING and retried.attempts == 0
     assert retried.available_at <= dt.datetime.now(dt.UTC) + dt.timedelta(seconds=5)
     assert kicked == ["default"]
+
+
+def test_the_admin_lease_and_forget_actions_write_on_the_primary(routed, user, monkeypatch):
+    from django_idempotency.admin import IdempotencyRecordAdmin
+
+    live = store.claim(scope_of(user, "POST /x", "live"), "a" * 64, lease=600, retention=DAY)
+    done = store.claim(scope_of(user, "POST /x", "done"), "a" * 64, lease=600, retention=DAY)
+    assert isinstance(live, store.Claim) and isinstance(done, store.Claim)
+    with transaction.atomic(using="default"):
+        store.complete(done, store.StoredResponse(201, [], b"{}"))
+    for won in (live, done):  # the replica holds copies, as a real one would
+        copy = IdempotencyRecord.objects.using("default").get(pk=won.record_id)
+        copy.save(using="replica", force_insert=True)
+    admin = IdempotencyRecordAdmin(IdempotencyRecord, None)  # type: ignore[arg-type]
+    monkeypatch.setattr(admin, "message_user", lambda *args, **kwargs: None)
+    confirmed = RequestFactory().post("/", {"post": "yes"})
+
+    # The changelist's querysets read through the router: from the replica.
+    admin.end_leases(confirmed, IdempotencyRecord.objects.filter(pk=live.record_id))
+    admin.forget_responses(confirmed, IdempotencyRecord.objects.filter(pk=done.record_id))
+
+    retry = store.claim(live.scope, "a" * 64, lease=600, retention=DAY)
+    assert isinstance(retry, store.Claim) and retry.taken_over  # the primary's lease ended
+    assert not IdempotencyRecord.objects.using("default").filter(pk=done.record_id).exists()
+    assert IdempotencyRecord.objects.using("replica").filter(pk=done.record_id).exists()

@@ -1,4 +1,5 @@
-"""Wire behaviour of SPEC §2 and §3, through the DRF test client."""
+"""Wire behaviour (docs/protocol.md: the header, replays, problems, scope and fingerprint),
+through the DRF test client."""
 
 from __future__ import annotations
 

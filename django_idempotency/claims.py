@@ -1,0 +1,99 @@
+"""What the store hands out and takes in: scopes, claims, stored responses, errors.
+
+Plain values, no SQL: ``store`` makes and reads them, the HTTP glue passes them on
+(docs/concepts.md). Everything here is re-exported by ``django_idempotency.store``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from django.db import DatabaseError
+
+from .models import RecordState
+
+Headers = list[tuple[str, str]]
+
+
+class LeaseLost(DatabaseError):
+    """The fenced completion updated no row: another request took over the key."""
+
+
+class HeartbeatUnavailable(RuntimeError):
+    """A heartbeat was asked for on a database above READ COMMITTED.
+
+    The heartbeat commits beside the view's open transaction; at REPEATABLE READ or
+    SERIALIZABLE, PostgreSQL would then refuse the view's own fenced completion of the
+    same row (a serialization failure), so the view could never complete. Give such
+    views a lease longer than their longest run, or use READ COMMITTED for the
+    database that holds the records (docs/storage.md).
+    """
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What identifies a record: the principal, the endpoint and the key (docs/protocol.md)."""
+
+    principal: str
+    endpoint: str
+    key: str
+
+
+@dataclass(frozen=True)
+class StoredResponse:
+    """A response as stored: status, replayable headers (name, value) and body bytes.
+
+    ``replayable`` is ``False`` for a completed response whose body was longer than
+    ``MAX_RESPONSE_BYTES``: only its status and headers were kept (``body`` is empty).
+    """
+
+    status: int
+    headers: Headers
+    body: bytes
+    replayable: bool = True
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Ownership of a key: this request may execute the view.
+
+    ``taken_over`` is true when the expired lease of an earlier attempt was taken
+    over; ``recovery_point`` is then the last phase that attempt finished (docs/phases.md).
+    ``using`` is the database alias of the record; ``committed`` is false when the
+    claim was made inside a caller's transaction and is not yet visible to others.
+    ``lease`` is the claim's lease in seconds: a completed response stays replayable
+    at least that long after its completion commits.
+    """
+
+    scope: Scope
+    record_id: int
+    owner_token: uuid.UUID
+    taken_over: bool
+    recovery_point: str
+    using: str
+    committed: bool = True
+    lease: float = 0.0
+
+
+@dataclass(frozen=True)
+class Existing:
+    """A record this request collided with, judged by the store's clock.
+
+    ``lease_remaining`` is in seconds (negative once the lease ran out); ``expired``
+    says the retention window is over; ``response`` is set once completed.
+    """
+
+    record_id: int
+    state: str
+    fingerprint: str
+    lease_remaining: float
+    expired: bool
+    response: StoredResponse | None
+    owner_token: uuid.UUID | None = None
+    recovery_point: str = ""
+
+    @property
+    def completed(self) -> bool:
+        """Whether the record holds a stored response."""
+        return self.state == RecordState.COMPLETED
