@@ -59,6 +59,16 @@ class Mutant:
     backends: tuple[str, ...] = BOTH
     what: str = ""
     equivalent: str = ""  # why surviving is expected (and harmless)
+    # Edits of other files, applied together (file relative to django_idempotency/,
+    # original, replacement): a mutant that drops two guards of one rule.
+    also: tuple[tuple[str, str, str], ...] = ()
+
+    def all_edits(self) -> dict[str, list[tuple[str, str]]]:
+        """Every edit of this mutant, by file."""
+        edits: dict[str, list[tuple[str, str]]] = {self.file: list(self.edits)}
+        for name, original, replacement in self.also:
+            edits.setdefault(name, []).append((original, replacement))
+        return edits
 
 
 @dataclass
@@ -79,9 +89,10 @@ def m(
     backends: tuple[str, ...] = BOTH,
     what: str,
     equivalent: str = "",
+    also: tuple[tuple[str, str, str], ...] = (),
 ) -> Mutant:
     edits = original if isinstance(original, tuple) else ((original, replacement),)
-    return Mutant(id, file, edits, tests, backends, what, equivalent)
+    return Mutant(id, file, edits, tests, backends, what, equivalent, also)
 
 
 # --- the mutants ------------------------------------------------------------------
@@ -128,6 +139,33 @@ _V2_DELETE = (
 _V2_DELETE_NO_LEASE = (
     "        WHERE r.id = v_row.id AND r.sweep_after = v_row.sweep_after\n"
     "          AND r.expires_at <= v_now;\n"
+)
+
+# The window invariant: every write keeps `expires_at >= lease_until` (heartbeat,
+# takeover, claim, restamp). The readers (the claim's forget, the claim function, the
+# sweeper) also check the lease: two guards of one rule. Dropping one alone changes
+# nothing observable; the `x` mutants drop both and must be killed.
+_HEARTBEAT_WINDOW_PG = (
+    "_pg.py",
+    "UPDATE {_T} SET lease_until = {_NOW} + %(seconds)s * interval '1 second',\n"
+    "    expires_at = GREATEST(expires_at, {_NOW} + %(seconds)s * interval '1 second')\n",
+    "UPDATE {_T} SET lease_until = {_NOW} + %(seconds)s * interval '1 second'\n",
+)
+_HEARTBEAT_WINDOW_ORM = (
+    "store.py",
+    '_fenced(claim).update(lease_until=until, expires_at=Greatest(F("expires_at"), until))',
+    "_fenced(claim).update(lease_until=until)",
+)
+_SWEEP_LEASE = (
+    "retention.py",
+    "        Q(state=RecordState.COMPLETED) | Q(lease_until__lte=now), expires_at__lte=now\n",
+    "        expires_at__lte=now\n",
+)
+_INVARIANT = (
+    "a second guard: every write keeps the window ending no earlier than the lease "
+    "(claim, takeover, heartbeat and restamp push `expires_at`), so a record past its "
+    "window never holds a live lease and the {what} never sees one. Dropped together with "
+    "that invariant ({pair}), it is killed."
 )
 
 MUTANTS: list[Mutant] = [
@@ -236,6 +274,16 @@ MUTANTS: list[Mutant] = [
         "        if existing.expired:\n",
         tests=(f"{GUARDS}::test_a_record_past_its_window_is_not_replaced_while_its_lease_is_live",),
         what="a record past its window forgotten while its lease is live (plain table)",
+        equivalent=_INVARIANT.format(what="claim's test", pair="S5x"),
+    ),
+    m(
+        "S5x",
+        "store.py",
+        "        if existing.expired and (existing.completed or existing.lease_remaining <= 0):\n",
+        "        if existing.expired:\n",
+        also=(_HEARTBEAT_WINDOW_PG, _HEARTBEAT_WINDOW_ORM),
+        tests=(f"{GUARDS}::test_a_record_past_its_window_is_not_replaced_while_its_lease_is_live",),
+        what="S5 and a heartbeat that does not push the window: a live owner's record forgotten",
     ),
     m(
         "S6",
@@ -247,6 +295,7 @@ MUTANTS: list[Mutant] = [
         ),
         backends=(SQLITE,),
         what="forgetting an expired record ignores a live lease (ORM, SQLite)",
+        equivalent=_INVARIANT.format(what="forgetting DELETE", pair="S6x"),
     ),
     m(
         "S6p",
@@ -258,6 +307,31 @@ MUTANTS: list[Mutant] = [
         ),
         backends=(PG,),
         what="forgetting an expired record ignores a live lease (PG_FORGET_SQL, plain table)",
+        equivalent=_INVARIANT.format(what="forgetting DELETE", pair="S6px"),
+    ),
+    m(
+        "S6x",
+        "store.py",
+        "        Q(state=RecordState.COMPLETED) | Q(lease_until__lte=_now_value(using)),\n",
+        "",
+        also=(_HEARTBEAT_WINDOW_ORM,),
+        tests=(
+            f"{GUARDS}::test_a_heartbeat_after_the_read_keeps_an_expired_record_from_being_forgotten",
+        ),
+        backends=(SQLITE,),
+        what="S6 and a heartbeat that does not push the window (ORM, SQLite)",
+    ),
+    m(
+        "S6px",
+        "_pg.py",
+        "      AND (state = 'completed' OR lease_until <= {_NOW})\n",
+        "",
+        also=(_HEARTBEAT_WINDOW_PG,),
+        tests=(
+            f"{GUARDS}::test_a_heartbeat_after_the_read_keeps_an_expired_record_from_being_forgotten",
+        ),
+        backends=(PG,),
+        what="S6p and a heartbeat that does not push the window (plain table)",
     ),
     m(
         "S7",
@@ -374,6 +448,12 @@ MUTANTS: list[Mutant] = [
         ),
         backends=(SQLITE,),
         what="a heartbeat past the window does not push the window (ORM, SQLite)",
+        equivalent=(
+            "on the plain table every reader (the claim, peek, the batched sweep) also "
+            "checks the lease, so a window ending before the lease changes nothing; on "
+            "the partitioned table (S15, killed) the sweeper probes `expires_at` alone. "
+            "Together with the claim's lease check (S5x), it is killed."
+        ),
     ),
     m(
         "S16",
@@ -399,6 +479,20 @@ MUTANTS: list[Mutant] = [
         ),
         backends=(SQLITE,),
         what="a takeover near the window's end does not push the window (ORM, SQLite)",
+        equivalent=(
+            "as for S15s: on the plain table the claim and the batched sweep also check "
+            "the lease. Together with the sweep's lease check (S16sx), it is killed."
+        ),
+    ),
+    m(
+        "S16sx",
+        "store.py",
+        '            expires_at=Greatest(F("expires_at"), new_lease_until),\n',
+        "",
+        also=(_SWEEP_LEASE,),
+        tests=(f"{EDGES}::test_a_takeover_near_the_end_of_the_window_survives_the_sweep",),
+        backends=(SQLITE,),
+        what="S16s and a batched sweep that ignores the lease: a taken-over record swept",
     ),
     m(
         "S17",
@@ -461,6 +555,7 @@ MUTANTS: list[Mutant] = [
         ),
         backends=(PG,),
         what="claim function (V2): the delete ignores a heartbeat that landed after the lookup",
+        equivalent=_INVARIANT.format(what="claim function's DELETE", pair="P2x"),
     ),
     m(
         "P3",
@@ -469,6 +564,28 @@ MUTANTS: list[Mutant] = [
         tests=(f"{GUARDS}::test_a_record_past_its_window_is_not_replaced_while_its_lease_is_live",),
         backends=(PG,),
         what="claim function (V2): a record past its window replaced while its lease is live",
+        equivalent=_INVARIANT.format(what="claim function", pair="P3x"),
+    ),
+    m(
+        "P2x",
+        "_pg_partitioned.py",
+        _V2_DELETE,
+        _V2_DELETE_NO_LEASE,
+        also=(_HEARTBEAT_WINDOW_PG,),
+        tests=(
+            f"{GUARDS}::test_a_heartbeat_after_the_read_keeps_an_expired_record_from_being_forgotten",
+        ),
+        backends=(PG,),
+        what="P2 and a heartbeat that does not push the window",
+    ),
+    m(
+        "P3x",
+        "_pg_partitioned.py",
+        ((_V2_LOOKUP, _V2_LOOKUP_NO_LEASE), (_V2_DELETE, _V2_DELETE_NO_LEASE)),
+        also=(_HEARTBEAT_WINDOW_PG,),
+        tests=(f"{GUARDS}::test_a_record_past_its_window_is_not_replaced_while_its_lease_is_live",),
+        backends=(PG,),
+        what="P3 and a heartbeat that does not push the window",
     ),
     m(
         "P4",
@@ -560,10 +677,10 @@ MUTANTS: list[Mutant] = [
     m(
         "E5",
         "transactions.py",
-        '    connection = connections[using]\n    if connection.needs_rollback:\n',
+        "    connection = connections[using]\n    if connection.needs_rollback:\n",
         '    return ""\n    connection = connections[using]\n    if connection.needs_rollback:\n',
         tests=(VIEW_TX,),
-        what="transactions.doomed() always \"\": a doomed view's response stored, or a 503",
+        what='transactions.doomed() always "": a doomed view\'s response stored, or a 503',
     ),
     # phases.py
     m(
@@ -630,7 +747,8 @@ MUTANTS: list[Mutant] = [
     m(
         "R4",
         "relay.py",
-        "                pk=pk, state=OutboxState.PENDING, attempts=attempts, available_at__lte=due\n",
+        "                pk=pk, state=OutboxState.PENDING, attempts=attempts, "
+        "available_at__lte=due\n",
         "                pk=pk\n",
         tests=("tests/test_relay_concurrency.py", "tests/test_relay.py"),
         backends=(SQLITE,),
@@ -714,6 +832,7 @@ MUTANTS: list[Mutant] = [
         ),
         backends=(SQLITE,),
         what="the batched sweep forgets a record past its window while its lease is live",
+        equivalent=_INVARIANT.format(what="batched sweep", pair="S16sx"),
     ),
     m(
         "T7",
@@ -827,22 +946,27 @@ def _pytest(work: Path, mutant: Mutant, backend: str, timeout: float) -> str:
 
 
 def run_one(work: Path, mutant: Mutant, backends: tuple[str, ...], timeout: float) -> Outcome:
-    target = work / "django_idempotency" / mutant.file
-    original = target.read_text()
-    mutated = original
-    for snippet, replacement in mutant.edits:
-        if mutated.count(snippet) != 1:
-            return Outcome(mutant, "stale")
-        mutated = mutated.replace(snippet, replacement)
+    originals: dict[Path, str] = {}
+    mutated: dict[Path, str] = {}
+    for name, edits in mutant.all_edits().items():
+        target = work / "django_idempotency" / name
+        originals[target] = text = target.read_text()
+        for snippet, replacement in edits:
+            if text.count(snippet) != 1:
+                return Outcome(mutant, "stale")
+            text = text.replace(snippet, replacement)
+        mutated[target] = text
     started = time.monotonic()
     outcome = Outcome(mutant, "survived")
-    target.write_text(mutated)
     try:
+        for target, text in mutated.items():
+            target.write_text(text)
         # Every backend where the path runs: killed on one and not the other is a hole.
         for backend in (b for b in mutant.backends if b in backends):
             outcome.runs[backend] = _pytest(work, mutant, backend, timeout)
     finally:
-        target.write_text(original)
+        for target, text in originals.items():
+            target.write_text(text)
     results = list(outcome.runs.values())
     if not results:
         outcome.status = "skipped"
@@ -879,9 +1003,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         for mu in chosen:
             mark = " (equivalent)" if mu.equivalent else ""
-            text = (ROOT / "django_idempotency" / mu.file).read_text()
-            if any(text.count(snippet) != 1 for snippet, _ in mu.edits):
-                mark += " STALE"
+            for name, edits in mu.all_edits().items():
+                text = (ROOT / "django_idempotency" / name).read_text()
+                if any(text.count(snippet) != 1 for snippet, _ in edits):
+                    mark += " STALE"
+                    break
             print(f"{mu.id:5} {mu.file:20} {','.join(mu.backends):10} {mu.what}{mark}")
         return 0
     with tempfile.TemporaryDirectory(prefix="idempotency-mutation-") as tmp:
