@@ -59,6 +59,16 @@ class Mutant:
     backends: tuple[str, ...] = BOTH
     what: str = ""
     equivalent: str = ""  # why surviving is expected (and harmless)
+    # Edits of other files, applied together (file relative to django_idempotency/,
+    # original, replacement): a mutant that drops two guards of one rule.
+    also: tuple[tuple[str, str, str], ...] = ()
+
+    def all_edits(self) -> dict[str, list[tuple[str, str]]]:
+        """Every edit of this mutant, by file."""
+        edits: dict[str, list[tuple[str, str]]] = {self.file: list(self.edits)}
+        for name, original, replacement in self.also:
+            edits.setdefault(name, []).append((original, replacement))
+        return edits
 
 
 @dataclass
@@ -79,9 +89,10 @@ def m(
     backends: tuple[str, ...] = BOTH,
     what: str,
     equivalent: str = "",
+    also: tuple[tuple[str, str, str], ...] = (),
 ) -> Mutant:
     edits = original if isinstance(original, tuple) else ((original, replacement),)
-    return Mutant(id, file, edits, tests, backends, what, equivalent)
+    return Mutant(id, file, edits, tests, backends, what, equivalent, also)
 
 
 # --- the mutants ------------------------------------------------------------------
@@ -93,6 +104,70 @@ _TAKE_OVER_FILTER = """            pk=existing.record_id,
             lease_until__lte=_now_value(using),
 """
 
+EDGES = "tests/test_edges.py"
+RETENTION = "tests/test_retention.py"
+VIEW_TX = "tests/test_view_transactions.py"
+
+# PG_TAKEOVER_SQL's row lookup (_pg.py)
+_PG_TAKEOVER_WHERE = (
+    "    WHERE id = %(id)s AND state = 'claimed' AND owner_token = %(token)s\n"
+    "      AND recovery_point = %(recovery_point)s AND lease_until <= {_NOW}\n"
+    "    FOR UPDATE SKIP LOCKED\n"
+)
+
+# CLAIM_FUNCTION_V2 (_pg_partitioned.py): from "now" after the scope lock to the lookup's
+# test (CLAIM_FUNCTION_V1, run by migration 0003 only, has the same lookup).
+_V2_LOOKUP = (
+    "    v_now := clock_timestamp() + p_clock_offset * interval '1 second';\n"
+    "    -- 2. Look it up. At READ COMMITTED each statement of a volatile function takes a\n"
+    "    --    new snapshot, so every row committed by an earlier holder of the lock is seen.\n"
+    "    SELECT * INTO v_row FROM {TABLE} r\n"
+    "    WHERE r.principal = p_principal AND r.endpoint = p_endpoint AND r.key = p_key;\n"
+    "    IF FOUND THEN\n"
+    "        IF v_row.expires_at > v_now\n"
+    "           OR (v_row.state = 'claimed' AND v_row.lease_until > v_now) THEN\n"
+)
+_V2_LOOKUP_NO_LEASE = _V2_LOOKUP.replace(
+    "        IF v_row.expires_at > v_now\n"
+    "           OR (v_row.state = 'claimed' AND v_row.lease_until > v_now) THEN\n",
+    "        IF v_row.expires_at > v_now THEN\n",
+)
+_V2_DELETE = (
+    "        WHERE r.id = v_row.id AND r.sweep_after = v_row.sweep_after\n"
+    "          AND r.expires_at <= v_now AND (r.state = 'completed' OR r.lease_until <= v_now);\n"
+)
+_V2_DELETE_NO_LEASE = (
+    "        WHERE r.id = v_row.id AND r.sweep_after = v_row.sweep_after\n"
+    "          AND r.expires_at <= v_now;\n"
+)
+
+# The window invariant: every write keeps `expires_at >= lease_until` (heartbeat,
+# takeover, claim, restamp). The readers (the claim's forget, the claim function, the
+# sweeper) also check the lease: two guards of one rule. Dropping one alone changes
+# nothing observable; the `x` mutants drop both and must be killed.
+_HEARTBEAT_WINDOW_PG = (
+    "_pg.py",
+    "UPDATE {_T} SET lease_until = {_NOW} + %(seconds)s * interval '1 second',\n"
+    "    expires_at = GREATEST(expires_at, {_NOW} + %(seconds)s * interval '1 second')\n",
+    "UPDATE {_T} SET lease_until = {_NOW} + %(seconds)s * interval '1 second'\n",
+)
+_HEARTBEAT_WINDOW_ORM = (
+    "store.py",
+    '_fenced(claim).update(lease_until=until, expires_at=Greatest(F("expires_at"), until))',
+    "_fenced(claim).update(lease_until=until)",
+)
+_SWEEP_LEASE = (
+    "retention.py",
+    "        Q(state=RecordState.COMPLETED) | Q(lease_until__lte=now), expires_at__lte=now\n",
+    "        expires_at__lte=now\n",
+)
+_INVARIANT = (
+    "a second guard: every write keeps the window ending no earlier than the lease "
+    "(claim, takeover, heartbeat and restamp push `expires_at`), so a record past its "
+    "window never holds a live lease and the {what} never sees one. Dropped together with "
+    "that invariant ({pair}), it is killed."
+)
+
 MUTANTS: list[Mutant] = [
     # store.py: takeover, reuse, fencing
     m(
@@ -101,7 +176,17 @@ MUTANTS: list[Mutant] = [
         _TAKE_OVER_FILTER,
         _TAKE_OVER_FILTER.replace("            lease_until__lte=_now_value(using),\n", ""),
         tests=(f"{GUARDS}::test_a_heartbeat_between_the_read_and_the_takeover_keeps_the_owner",),
-        what="takeover without `lease_until <= now`: a live owner taken over",
+        backends=(SQLITE,),
+        what="takeover without `lease_until <= now`: a live owner taken over (ORM, SQLite)",
+    ),
+    m(
+        "S1p",
+        "_pg.py",
+        _PG_TAKEOVER_WHERE,
+        _PG_TAKEOVER_WHERE.replace(" AND lease_until <= {_NOW}", ""),
+        tests=(f"{GUARDS}::test_a_heartbeat_between_the_read_and_the_takeover_keeps_the_owner",),
+        backends=(PG,),
+        what="takeover without `lease_until <= now` (PG_TAKEOVER_SQL)",
     ),
     m(
         "S2",
@@ -113,13 +198,27 @@ MUTANTS: list[Mutant] = [
             "",
         ),
         tests=(GUARDS, "tests/test_concurrency.py", "tests/test_store.py"),
-        what="takeover without `owner_token = <the one read>`",
+        backends=(SQLITE,),
+        what="takeover without `owner_token = <the one read>` (ORM, SQLite)",
         equivalent=(
             "the lease condition already refuses a second contender: the first takeover "
             "sets a live lease. Only once that new lease has run out too does the "
             "stale UPDATE match, and then the contender wins a claim whose lease ran "
             "out, which it would win on its next round anyway (same record, same "
             "recovery point, which is still checked)."
+        ),
+    ),
+    m(
+        "S2p",
+        "_pg.py",
+        _PG_TAKEOVER_WHERE,
+        _PG_TAKEOVER_WHERE.replace(" AND owner_token = %(token)s", ""),
+        tests=(GUARDS, "tests/test_concurrency.py", "tests/test_store.py"),
+        backends=(PG,),
+        what="takeover without `owner_token = <the one read>` (PG_TAKEOVER_SQL)",
+        equivalent=(
+            "as for S2: the lease condition refuses a second contender until the first "
+            "takeover's lease has run out too, and the recovery point is still checked."
         ),
     ),
     m(
@@ -131,7 +230,20 @@ MUTANTS: list[Mutant] = [
             f"{GUARDS}::test_a_contender_that_read_before_another_took_over_does_not_win",
             "tests/test_concurrency.py::test_concurrent_takeover_of_an_expired_lease_has_one_winner",
         ),
-        what="unconditional takeover: two executions",
+        backends=(SQLITE,),
+        what="unconditional takeover: two executions (ORM, SQLite)",
+    ),
+    m(
+        "S3p",
+        "_pg.py",
+        _PG_TAKEOVER_WHERE,
+        "    WHERE id = %(id)s\n    FOR UPDATE SKIP LOCKED\n",
+        tests=(
+            f"{GUARDS}::test_a_contender_that_read_before_another_took_over_does_not_win",
+            "tests/test_concurrency.py::test_concurrent_takeover_of_an_expired_lease_has_one_winner",
+        ),
+        backends=(PG,),
+        what="unconditional takeover (PG_TAKEOVER_SQL): two executions",
     ),
     m(
         "S4",
@@ -141,7 +253,19 @@ MUTANTS: list[Mutant] = [
         tests=(
             f"{GUARDS}::test_a_phase_committed_after_the_read_is_resumed_after_by_the_takeover",
         ),
-        what="takeover without the recovery point read: a committed phase run again",
+        backends=(SQLITE,),
+        what="takeover without the recovery point read: a committed phase run again (ORM)",
+    ),
+    m(
+        "S4p",
+        "_pg.py",
+        _PG_TAKEOVER_WHERE,
+        _PG_TAKEOVER_WHERE.replace("AND recovery_point = %(recovery_point)s AND ", "AND "),
+        tests=(
+            f"{GUARDS}::test_a_phase_committed_after_the_read_is_resumed_after_by_the_takeover",
+        ),
+        backends=(PG,),
+        what="takeover without the recovery point read (PG_TAKEOVER_SQL)",
     ),
     m(
         "S5",
@@ -150,6 +274,16 @@ MUTANTS: list[Mutant] = [
         "        if existing.expired:\n",
         tests=(f"{GUARDS}::test_a_record_past_its_window_is_not_replaced_while_its_lease_is_live",),
         what="a record past its window forgotten while its lease is live (plain table)",
+        equivalent=_INVARIANT.format(what="claim's test", pair="S5x"),
+    ),
+    m(
+        "S5x",
+        "store.py",
+        "        if existing.expired and (existing.completed or existing.lease_remaining <= 0):\n",
+        "        if existing.expired:\n",
+        also=(_HEARTBEAT_WINDOW_PG, _HEARTBEAT_WINDOW_ORM),
+        tests=(f"{GUARDS}::test_a_record_past_its_window_is_not_replaced_while_its_lease_is_live",),
+        what="S5 and a heartbeat that does not push the window: a live owner's record forgotten",
     ),
     m(
         "S6",
@@ -159,7 +293,45 @@ MUTANTS: list[Mutant] = [
         tests=(
             f"{GUARDS}::test_a_heartbeat_after_the_read_keeps_an_expired_record_from_being_forgotten",
         ),
-        what="forgetting an expired record ignores a live lease (heartbeat after the read)",
+        backends=(SQLITE,),
+        what="forgetting an expired record ignores a live lease (ORM, SQLite)",
+        equivalent=_INVARIANT.format(what="forgetting DELETE", pair="S6x"),
+    ),
+    m(
+        "S6p",
+        "_pg.py",
+        "      AND (state = 'completed' OR lease_until <= {_NOW})\n",
+        "",
+        tests=(
+            f"{GUARDS}::test_a_heartbeat_after_the_read_keeps_an_expired_record_from_being_forgotten",
+        ),
+        backends=(PG,),
+        what="forgetting an expired record ignores a live lease (PG_FORGET_SQL, plain table)",
+        equivalent=_INVARIANT.format(what="forgetting DELETE", pair="S6px"),
+    ),
+    m(
+        "S6x",
+        "store.py",
+        "        Q(state=RecordState.COMPLETED) | Q(lease_until__lte=_now_value(using)),\n",
+        "",
+        also=(_HEARTBEAT_WINDOW_ORM,),
+        tests=(
+            f"{GUARDS}::test_a_heartbeat_after_the_read_keeps_an_expired_record_from_being_forgotten",
+        ),
+        backends=(SQLITE,),
+        what="S6 and a heartbeat that does not push the window (ORM, SQLite)",
+    ),
+    m(
+        "S6px",
+        "_pg.py",
+        "      AND (state = 'completed' OR lease_until <= {_NOW})\n",
+        "",
+        also=(_HEARTBEAT_WINDOW_PG,),
+        tests=(
+            f"{GUARDS}::test_a_heartbeat_after_the_read_keeps_an_expired_record_from_being_forgotten",
+        ),
+        backends=(PG,),
+        what="S6p and a heartbeat that does not push the window (plain table)",
     ),
     m(
         "S7",
@@ -190,35 +362,183 @@ MUTANTS: list[Mutant] = [
     m(
         "S10",
         "_pg.py",
-        "    completed_at = {_NOW}, lease_until = {_NOW}\n"
+        "    expires_at = GREATEST(expires_at, {_NOW} + %(grace)s * interval '1 second')\n"
         "WHERE id = %(id)s AND owner_token = %(token)s AND state = 'claimed'\n",
-        "    completed_at = {_NOW}, lease_until = {_NOW}\n"
+        "    expires_at = GREATEST(expires_at, {_NOW} + %(grace)s * interval '1 second')\n"
         "WHERE id = %(id)s AND state = 'claimed'\n",
         tests=("tests/test_store.py",),
         backends=(PG,),
-        what="completion not fenced by the owner token (PostgreSQL)",
+        what="completion not fenced by the owner token (PG_COMPLETE_SQL)",
     ),
     m(
         "S11",
         "_pg.py",
-        "UPDATE {_T} SET lease_until = {_NOW} + %(seconds)s * interval '1 second'\n"
+        "    expires_at = GREATEST(expires_at, {_NOW} + %(seconds)s * interval '1 second')\n"
         "WHERE id = %(id)s AND owner_token = %(token)s AND state = 'claimed'\n",
-        "UPDATE {_T} SET lease_until = {_NOW} + %(seconds)s * interval '1 second'\n"
+        "    expires_at = GREATEST(expires_at, {_NOW} + %(seconds)s * interval '1 second')\n"
         "WHERE id = %(id)s AND state = 'claimed'\n",
         tests=("tests/test_store.py",),
         backends=(PG,),
-        what="heartbeat not fenced: a stale owner extends the new owner's lease",
+        what="heartbeat not fenced: a stale owner extends the new owner's lease (PG_EXTEND_SQL)",
+    ),
+    m(
+        "S12",
+        "store.py",
+        "            if waited > min(_RESTAMP_AFTER, lease / 10) and not _restamp(\n"
+        "                connection, won, retention\n"
+        "            ):\n",
+        "            if False:\n",
+        tests=(f"{EDGES}::test_a_claim_that_waited_gets_its_whole_lease[plain]",),
+        backends=(PG,),
+        what="a plain-table claim that queued behind a rolled-back insert is not stamped again",
+    ),
+    m(
+        "S13",
+        "_pg.py",
+        "AND lease_until <= {_NOW}\n    FOR UPDATE SKIP LOCKED\n",
+        "AND lease_until <= {_NOW}\n",
+        tests=(
+            f"{EDGES}::test_a_takeover_skips_a_row_locked_by_a_stalled_owner",
+            f"{EDGES}::test_a_takeover_enqueues_without_waiting_for_the_stalled_original",
+        ),
+        backends=(PG,),
+        what="takeover without SKIP LOCKED: a retry queues behind a stalled owner's open "
+        "transaction",
+    ),
+    m(
+        "S14",
+        "_pg.py",
+        "    completed_at = {_NOW}, lease_until = {_NOW},\n"
+        "    expires_at = GREATEST(expires_at, {_NOW} + %(grace)s * interval '1 second')\n",
+        "    completed_at = {_NOW}, lease_until = {_NOW}\n",
+        tests=(f"{EDGES}::test_a_completion_after_the_window_stays_replayable",),
+        backends=(PG,),
+        what="a completion late in the window not kept a lease longer (PG_COMPLETE_SQL)",
+    ),
+    m(
+        "S14s",
+        "store.py",
+        '            expires_at=Greatest(F("expires_at"), _now_value(claim.using, claim.lease)),\n',
+        "",
+        tests=(f"{EDGES}::test_a_completion_after_the_window_stays_replayable",),
+        backends=(SQLITE,),
+        what="a completion late in the window not kept a lease longer (ORM, SQLite)",
+    ),
+    m(
+        "S15",
+        "_pg.py",
+        "UPDATE {_T} SET lease_until = {_NOW} + %(seconds)s * interval '1 second',\n"
+        "    expires_at = GREATEST(expires_at, {_NOW} + %(seconds)s * interval '1 second')\n",
+        "UPDATE {_T} SET lease_until = {_NOW} + %(seconds)s * interval '1 second'\n",
+        tests=(
+            f"{EDGES}::test_a_live_lease_holds_its_partition_past_its_day",
+            f"{RETENTION}::test_sweep_never_forgets_a_record_whose_lease_is_live",
+        ),
+        backends=(PG,),
+        what="a heartbeat past the window does not push the window (PG_EXTEND_SQL)",
+    ),
+    m(
+        "S15s",
+        "store.py",
+        '_fenced(claim).update(lease_until=until, expires_at=Greatest(F("expires_at"), until))',
+        "_fenced(claim).update(lease_until=until)",
+        tests=(
+            f"{EDGES}::test_a_live_lease_holds_its_partition_past_its_day",
+            f"{RETENTION}::test_sweep_never_forgets_a_record_whose_lease_is_live",
+        ),
+        backends=(SQLITE,),
+        what="a heartbeat past the window does not push the window (ORM, SQLite)",
+        equivalent=(
+            "on the plain table every reader (the claim, peek, the batched sweep) also "
+            "checks the lease, so a window ending before the lease changes nothing; on "
+            "the partitioned table (S15, killed) the sweeper probes `expires_at` alone. "
+            "Together with the claim's lease check (S5x), it is killed."
+        ),
+    ),
+    m(
+        "S16",
+        "_pg.py",
+        "    lease_until = {_NOW} + %(lease)s * interval '1 second',\n"
+        "    expires_at = GREATEST(expires_at, {_NOW} + %(lease)s * interval '1 second')\n",
+        "    lease_until = {_NOW} + %(lease)s * interval '1 second'\n",
+        tests=(
+            f"{EDGES}::test_a_takeover_near_the_end_of_the_window_survives_the_sweep",
+            f"{EDGES}::test_a_completion_after_the_window_stays_replayable",
+        ),
+        backends=(PG,),
+        what="a takeover near the window's end does not push the window (PG_TAKEOVER_SQL)",
+    ),
+    m(
+        "S16s",
+        "store.py",
+        '            expires_at=Greatest(F("expires_at"), new_lease_until),\n',
+        "",
+        tests=(
+            f"{EDGES}::test_a_takeover_near_the_end_of_the_window_survives_the_sweep",
+            f"{EDGES}::test_a_completion_after_the_window_stays_replayable",
+        ),
+        backends=(SQLITE,),
+        what="a takeover near the window's end does not push the window (ORM, SQLite)",
+        equivalent=(
+            "as for S15s: on the plain table the claim and the batched sweep also check "
+            "the lease. Together with the sweep's lease check (S16sx), it is killed."
+        ),
+    ),
+    m(
+        "S16sx",
+        "store.py",
+        '            expires_at=Greatest(F("expires_at"), new_lease_until),\n',
+        "",
+        also=(_SWEEP_LEASE,),
+        tests=(f"{EDGES}::test_a_takeover_near_the_end_of_the_window_survives_the_sweep",),
+        backends=(SQLITE,),
+        what="S16s and a batched sweep that ignores the lease: a taken-over record swept",
+    ),
+    m(
+        "S17",
+        "store.py",
+        '        if getattr(exc.__cause__, "sqlstate", None) == _SERIALIZATION_FAILURE:\n'
+        "            raise LeaseLost(\n",
+        "        if False:\n            raise LeaseLost(\n",
+        tests=(f"{EDGES}::test_a_takeover_fences_the_original_with_409_at_stricter_levels",),
+        backends=(PG,),
+        what="a serialization failure (40001) of a fenced write not taken as LeaseLost",
+    ),
+    m(
+        "S18",
+        "store.py",
+        "        return False\n"
+        '    level = connection.settings_dict.get("OPTIONS", {}).get("isolation_level")\n',
+        "        return False\n"
+        "    return False\n"
+        '    level = connection.settings_dict.get("OPTIONS", {}).get("isolation_level")\n',
+        tests=(
+            f"{EDGES}::test_a_heartbeat_is_refused_clearly_at_stricter_levels",
+            f"{EDGES}::test_claims_work_at_stricter_isolation_levels",
+        ),
+        backends=(PG,),
+        what="stricter_than_read_committed() always False",
+    ),
+    # context.py
+    m(
+        "C1",
+        "context.py",
+        '["outbox", claim.record_id, str(claim.owner_token), self.open_phase, topic, n]',
+        '["outbox", claim.record_id, self.open_phase, topic, n]',
+        tests=(f"{EDGES}::test_a_takeover_enqueues_without_waiting_for_the_stalled_original",),
+        backends=(PG,),
+        what="the default outbox dedup key without the owner token: a takeover's insert "
+        "waits on the stalled attempt's",
     ),
     # _pg_partitioned.py: the claim function (re-created by the test database's migrations)
     m(
         "P1",
         "_pg_partitioned.py",
-        "        IF v_row.expires_at > v_now\n"
-        "           OR (v_row.state = 'claimed' AND v_row.lease_until > v_now) THEN\n",
-        "        IF v_row.expires_at > v_now THEN\n",
+        _V2_LOOKUP,
+        _V2_LOOKUP_NO_LEASE,
         tests=(GUARDS,),
         backends=(PG,),
-        what="claim function: the lookup ignores a live lease past the window",
+        what="claim function (V2): the lookup ignores a live lease past the window",
         equivalent=(
             "the DELETE that follows re-checks the lease (state = 'completed' OR "
             "lease_until <= now) and returns no row, so the caller re-reads and answers "
@@ -228,42 +548,62 @@ MUTANTS: list[Mutant] = [
     m(
         "P2",
         "_pg_partitioned.py",
-        "          AND r.expires_at <= v_now AND (r.state = 'completed' OR "
-        "r.lease_until <= v_now);\n",
-        "          AND r.expires_at <= v_now;\n",
+        _V2_DELETE,
+        _V2_DELETE_NO_LEASE,
         tests=(
             f"{GUARDS}::test_a_heartbeat_after_the_read_keeps_an_expired_record_from_being_forgotten",
         ),
         backends=(PG,),
-        what="claim function: the delete ignores a heartbeat that landed after the lookup",
+        what="claim function (V2): the delete ignores a heartbeat that landed after the lookup",
+        equivalent=_INVARIANT.format(what="claim function's DELETE", pair="P2x"),
     ),
     m(
         "P3",
         "_pg_partitioned.py",
-        (
-            (
-                "        IF v_row.expires_at > v_now\n"
-                "           OR (v_row.state = 'claimed' AND v_row.lease_until > v_now) THEN\n",
-                "        IF v_row.expires_at > v_now THEN\n",
-            ),
-            (
-                "          AND r.expires_at <= v_now AND (r.state = 'completed' OR "
-                "r.lease_until <= v_now);\n",
-                "          AND r.expires_at <= v_now;\n",
-            ),
-        ),
+        ((_V2_LOOKUP, _V2_LOOKUP_NO_LEASE), (_V2_DELETE, _V2_DELETE_NO_LEASE)),
         tests=(f"{GUARDS}::test_a_record_past_its_window_is_not_replaced_while_its_lease_is_live",),
         backends=(PG,),
-        what="claim function: a record past its window replaced while its lease is live",
+        what="claim function (V2): a record past its window replaced while its lease is live",
+        equivalent=_INVARIANT.format(what="claim function", pair="P3x"),
+    ),
+    m(
+        "P2x",
+        "_pg_partitioned.py",
+        _V2_DELETE,
+        _V2_DELETE_NO_LEASE,
+        also=(_HEARTBEAT_WINDOW_PG,),
+        tests=(
+            f"{GUARDS}::test_a_heartbeat_after_the_read_keeps_an_expired_record_from_being_forgotten",
+        ),
+        backends=(PG,),
+        what="P2 and a heartbeat that does not push the window",
+    ),
+    m(
+        "P3x",
+        "_pg_partitioned.py",
+        ((_V2_LOOKUP, _V2_LOOKUP_NO_LEASE), (_V2_DELETE, _V2_DELETE_NO_LEASE)),
+        also=(_HEARTBEAT_WINDOW_PG,),
+        tests=(f"{GUARDS}::test_a_record_past_its_window_is_not_replaced_while_its_lease_is_live",),
+        backends=(PG,),
+        what="P3 and a heartbeat that does not push the window",
     ),
     m(
         "P4",
         "_pg_partitioned.py",
-        '    PERFORM {_SCOPE_LOCK.format(p="p_")};\n',
-        "",
+        '    PERFORM {_SCOPE_LOCK.format(p="p_")};\n    -- Now is read after the lock',
+        "    -- Now is read after the lock",
         tests=("tests/test_partitions.py",),
         backends=(PG,),
-        what="claim function without the scope lock: two first claims both insert",
+        what="claim function (V2) without the scope lock: two first claims both insert",
+    ),
+    m(
+        "P5",
+        "_pg_partitioned.py",
+        "gets its whole lease.\n    v_now := clock_timestamp() + p_clock_offset",
+        "gets its whole lease.\n    v_now := statement_timestamp() + p_clock_offset",
+        tests=(f"{EDGES}::test_a_claim_that_waited_gets_its_whole_lease[partitioned]",),
+        backends=(PG,),
+        what="claim function (V2): now read when the statement started, not after the lock",
     ),
     # protocol.py
     m(
@@ -296,17 +636,20 @@ MUTANTS: list[Mutant] = [
     m(
         "E1",
         "execution.py",
-        "            completing = True\n            store.complete(claim, stored)\n",
-        "            completing = True\n        store.complete(claim, stored)\n",
+        '            stage = "complete"\n'
+        "            store.complete(claim, stored)\n"
+        '            stage = "commit"\n',
+        '            stage = "commit"\n'
+        '        stage = "complete"\n'
+        "        store.complete(claim, stored)\n",
         tests=(f"{GUARDS}::test_a_fenced_completion_rolls_back_the_views_writes",),
         what="completion outside the view's atomic block",
     ),
     m(
         "E2",
         "execution.py",
-        "        if not completing:\n"
-        "            raise  # the view's own database error: the view's 500\n",
-        "",
+        '        if stage == "view" or (stage == "commit" and isinstance(exc, IntegrityError)):\n',
+        '        if stage == "commit" and isinstance(exc, IntegrityError):\n',
         tests=(f"{GUARDS}::test_the_views_own_database_error_is_its_500_not_a_store_failure",),
         what="the view's own database error counted as a store failure (503)",
     ),
@@ -319,12 +662,38 @@ MUTANTS: list[Mutant] = [
         backends=(SQLITE,),
         what="a 5xx stored and replayed instead of released",
     ),
+    m(
+        "E4",
+        "execution.py",
+        '(stage == "commit" and isinstance(exc, IntegrityError))',
+        '(stage == "commit" and not isinstance(exc, IntegrityError))',
+        tests=(
+            f"{VIEW_TX}::test_deferred_constraint_violated_at_commit_is_the_views_exception",
+            "tests/test_db_faults.py::test_connection_killed_at_commit",
+        ),
+        what="the IntegrityError-at-COMMIT rule inverted: the view's data refused is a 503, "
+        "a connection lost at COMMIT a 500",
+    ),
+    m(
+        "E5",
+        "transactions.py",
+        "    connection = connections[using]\n    if connection.needs_rollback:\n",
+        '    return ""\n    connection = connections[using]\n    if connection.needs_rollback:\n',
+        tests=(VIEW_TX,),
+        what='transactions.doomed() always "": a doomed view\'s response stored, or a 503',
+    ),
     # phases.py
     m(
         "PH1",
         "phases.py",
-        "            yield\n            store.advance(context.claim, name)\n",
-        "            yield\n        store.advance(context.claim, name)\n",
+        "            else:\n"
+        "                store.advance(context.claim, name)\n"
+        "    finally:\n"
+        '        context.open_phase = ""\n',
+        "    finally:\n"
+        '        context.open_phase = ""\n'
+        "    if not doomed:\n"
+        "        store.advance(context.claim, name)\n",
         tests=("tests/test_phases.py",),
         what="recovery point advanced outside the phase's transaction",
     ),
@@ -359,7 +728,9 @@ MUTANTS: list[Mutant] = [
     m(
         "R2",
         "relay.py",
-        "        attempts=message.attempts,\n        available_at=message.available_at,\n    )\n",
+        "        attempts=message.attempts,\n"
+        "        available_at=clock.to_db(message.available_at, connections[using]),\n"
+        "    )\n",
         "    )\n",
         tests=(f"{GUARDS}::test_a_relay_whose_lease_ran_out_cannot_reschedule_the_message",),
         what="mark failed (retry or dead) without the claim's fence",
@@ -377,7 +748,7 @@ MUTANTS: list[Mutant] = [
         "R4",
         "relay.py",
         "                pk=pk, state=OutboxState.PENDING, attempts=attempts, "
-        "available_at__lte=moment\n",
+        "available_at__lte=due\n",
         "                pk=pk\n",
         tests=("tests/test_relay_concurrency.py", "tests/test_relay.py"),
         backends=(SQLITE,),
@@ -421,29 +792,71 @@ MUTANTS: list[Mutant] = [
     m(
         "T3",
         "retention.py",
-        "                    created_at__lt=report.cutoff\n",
-        "                    created_at__lt=report.cutoff + dt.timedelta(days=1)\n",
-        tests=("tests/test_retention.py",),
+        "        Q(state=RecordState.COMPLETED) | Q(lease_until__lte=now), expires_at__lte=now\n",
+        "        Q(state=RecordState.COMPLETED) | Q(lease_until__lte=now),\n"
+        "        expires_at__lte=now + dt.timedelta(days=1),\n",
+        tests=(RETENTION,),
         backends=(SQLITE,),
-        what="the batched sweep deletes records of the cutoff day",
+        what="the batched sweep deletes records up to a day before their window ends",
     ),
     m(
         "T4",
         "retention.py",
-        "                sent_at__lt=now - dt.timedelta(seconds=conf.outbox_retention),\n",
-        "                sent_at__lt=now,\n",
-        tests=("tests/test_retention.py",),
+        "                    now - dt.timedelta(seconds=conf.outbox_retention), connection\n",
+        "                    now, connection\n",
+        tests=(RETENTION,),
         backends=(SQLITE,),
         what="sent outbox messages swept at once, not after OUTBOX_RETENTION",
     ),
     m(
         "T5",
         "retention.py",
-        "    for offset in range(max(conf.partitions_ahead, 0) + 1):\n",
-        "    for offset in range(max(conf.partitions_ahead, 0)):\n",
-        tests=(f"{GUARDS}::test_the_sweeper_creates_the_partitions_of_today_and_the_days_ahead",),
+        "    for offset in range(days_ahead() + 1):\n",
+        "    for offset in range(days_ahead()):\n",
+        tests=(
+            f"{GUARDS}::test_the_sweeper_creates_the_partitions_of_today_and_the_days_ahead",
+            f"{EDGES}::test_the_sweeper_creates_every_partition_a_claim_needs[partitioned]",
+        ),
         backends=(PG,),
         what="the sweeper creates one partition fewer ahead",
+    ),
+    m(
+        "T6",
+        "retention.py",
+        "        Q(state=RecordState.COMPLETED) | Q(lease_until__lte=now), expires_at__lte=now\n",
+        "        expires_at__lte=now\n",
+        tests=(
+            f"{RETENTION}::test_sweep_never_forgets_a_record_whose_lease_is_live",
+            f"{EDGES}::test_a_live_lease_holds_its_partition_past_its_day",
+            f"{EDGES}::test_a_takeover_near_the_end_of_the_window_survives_the_sweep",
+        ),
+        backends=(SQLITE,),
+        what="the batched sweep forgets a record past its window while its lease is live",
+        equivalent=_INVARIANT.format(what="batched sweep", pair="S16sx"),
+    ),
+    m(
+        "T7",
+        "retention.py",
+        "    window = max(conf.max_retention, conf.retention, conf.lease, 0.0)\n",
+        "    window = 0.0\n",
+        tests=(f"{EDGES}::test_the_sweeper_creates_every_partition_a_claim_needs[partitioned]",),
+        backends=(PG,),
+        what="days_ahead() ignores MAX_RETENTION: a claim must create its own partition",
+    ),
+    m(
+        "T8",
+        "retention.py",
+        "        if partition.attached and partitions.holds_live_records("
+        "connection, partition, report.now):\n",
+        "        if False:\n",
+        tests=(
+            f"{EDGES}::test_a_live_lease_holds_its_partition_past_its_day[partitioned]",
+            f"{EDGES}::test_a_takeover_near_the_end_of_the_window_survives_the_sweep[partitioned]",
+            f"{EDGES}::test_a_view_window_longer_than_max_retention_is_honoured[partitioned]",
+            RETENTION,
+        ),
+        backends=(PG,),
+        what="the sweeper drops a past day's partition that holds a live record (held skipped)",
     ),
     # partitions.py
     m(
@@ -533,22 +946,27 @@ def _pytest(work: Path, mutant: Mutant, backend: str, timeout: float) -> str:
 
 
 def run_one(work: Path, mutant: Mutant, backends: tuple[str, ...], timeout: float) -> Outcome:
-    target = work / "django_idempotency" / mutant.file
-    original = target.read_text()
-    mutated = original
-    for snippet, replacement in mutant.edits:
-        if mutated.count(snippet) != 1:
-            return Outcome(mutant, "stale")
-        mutated = mutated.replace(snippet, replacement)
+    originals: dict[Path, str] = {}
+    mutated: dict[Path, str] = {}
+    for name, edits in mutant.all_edits().items():
+        target = work / "django_idempotency" / name
+        originals[target] = text = target.read_text()
+        for snippet, replacement in edits:
+            if text.count(snippet) != 1:
+                return Outcome(mutant, "stale")
+            text = text.replace(snippet, replacement)
+        mutated[target] = text
     started = time.monotonic()
     outcome = Outcome(mutant, "survived")
-    target.write_text(mutated)
     try:
+        for target, text in mutated.items():
+            target.write_text(text)
         # Every backend where the path runs: killed on one and not the other is a hole.
         for backend in (b for b in mutant.backends if b in backends):
             outcome.runs[backend] = _pytest(work, mutant, backend, timeout)
     finally:
-        target.write_text(original)
+        for target, text in originals.items():
+            target.write_text(text)
     results = list(outcome.runs.values())
     if not results:
         outcome.status = "skipped"
@@ -585,9 +1003,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.list:
         for mu in chosen:
             mark = " (equivalent)" if mu.equivalent else ""
-            text = (ROOT / "django_idempotency" / mu.file).read_text()
-            if any(text.count(snippet) != 1 for snippet, _ in mu.edits):
-                mark += " STALE"
+            for name, edits in mu.all_edits().items():
+                text = (ROOT / "django_idempotency" / name).read_text()
+                if any(text.count(snippet) != 1 for snippet, _ in edits):
+                    mark += " STALE"
+                    break
             print(f"{mu.id:5} {mu.file:20} {','.join(mu.backends):10} {mu.what}{mark}")
         return 0
     with tempfile.TemporaryDirectory(prefix="idempotency-mutation-") as tmp:
