@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import json
 import uuid
@@ -31,28 +30,24 @@ def post(client, url, key, data=None, accept=None):
     return client.post(url, data or {}, format="json", HTTP_IDEMPOTENCY_KEY=key, **extra)
 
 
-def _documented_setup(way: str):
+def _documented_setup(way: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """DRF before 3.17 needs ``ReplayNegotiation`` for ``@idempotent`` below ``@api_view``
-    (docs/protocol.md); other ways, and newer DRF, need nothing."""
+    (docs/protocol.md): ``DEFAULT_CONTENT_NEGOTIATION_CLASS``, which DRF reads when it
+    defines ``APIView``, long before a test could override the setting. So the test sets
+    what that setting gives the view's class; other ways, and newer DRF, need nothing."""
     import rest_framework
-    from django.conf import settings
-    from django.test import override_settings
+
+    from django_idempotency.drf import ReplayNegotiation
+    from tests import replay_app
 
     version = tuple(int(part) for part in rest_framework.VERSION.split(".")[:2])
-    if way != "below @api_view" or version >= (3, 17):
-        return contextlib.nullcontext()
-    negotiation = "django_idempotency.drf.ReplayNegotiation"
-    rest = {**settings.REST_FRAMEWORK, "DEFAULT_CONTENT_NEGOTIATION_CLASS": negotiation}
-    return override_settings(REST_FRAMEWORK=rest)
+    if way == "below @api_view" and version < (3, 17):
+        monkeypatch.setattr(replay_app.export.cls, "content_negotiation_class", ReplayNegotiation)
 
 
 @pytest.mark.parametrize("way", VIEWS)
-def test_a_retry_no_renderer_fits_gets_the_stored_representation(api, key, way):
-    with _documented_setup(way):
-        _retry_gets_the_stored_representation(api, key, way)
-
-
-def _retry_gets_the_stored_representation(api, key, way):
+def test_a_retry_no_renderer_fits_gets_the_stored_representation(api, key, way, monkeypatch):
+    _documented_setup(way, monkeypatch)
     url, data = VIEWS[way]
     first = post(api, url, key, data, accept="application/json")
     assert first.status_code == 201
