@@ -232,8 +232,13 @@ def test_a_detach_that_waits_too_long_is_cancelled_and_finished_later(monkeypatc
         with reader.cursor() as cursor:  # an open transaction that read the old day
             cursor.execute(f"LOCK TABLE {name} IN ACCESS SHARE MODE")
         report = retention.sweep()  # autocommit: DETACH ... CONCURRENTLY, cancelled
-        assert [e.split(":")[0] for e in report.errors] == [name]
+        # Other old days left by earlier tests may fail too: PostgreSQL allows one
+        # pending detach per table, and this day's is pending now.
+        assert name in [e.split(":")[0] for e in report.errors]
     finally:
         reader.rollback()
         reader.close()
-    assert name in {p.name for p in retention.sweep().dropped}
+    try:
+        assert name in {p.name for p in retention.sweep().dropped}
+    finally:
+        retention.sweep()  # never leave a day pending detach to the next test
