@@ -179,16 +179,26 @@ def _backend_pid(conn) -> int:
         return int(cursor.fetchone()[0])
 
 
-def _wait_until_blocked(pid: int) -> None:
-    """Block until backend ``pid`` waits for a lock (a bounded poll of pg_locks)."""
+def _wait_until_someone_waits_for(holder_pid: int) -> None:
+    """Block until some backend waits for a lock that backend ``holder_pid`` holds (a
+    bounded poll of pg_blocking_pids).
+
+    The holder's pid is the one to watch: it has a transaction open, so it keeps its
+    server connection even behind a transaction-pooling PgBouncer, where the waiter's
+    own ``pg_backend_pid()`` would name whichever server connection answered that query.
+    """
     deadline = time.monotonic() + 10
     with connections["default"].cursor() as cursor:
         while time.monotonic() < deadline:
-            cursor.execute("SELECT cardinality(pg_blocking_pids(%s)) > 0", [pid])
+            cursor.execute(
+                "SELECT EXISTS (SELECT 1 FROM pg_stat_activity "
+                "WHERE %s = ANY(pg_blocking_pids(pid)))",
+                [holder_pid],
+            )
             if cursor.fetchone()[0]:
                 return
             time.sleep(0.01)
-    raise AssertionError(f"backend {pid} never waited for the lock")
+    raise AssertionError(f"no backend ever waited for backend {holder_pid}'s lock")
 
 
 @pytest.mark.postgres
@@ -201,9 +211,9 @@ def test_a_claim_that_waited_gets_its_whole_lease(record_table):
     holder = connection.copy()
     runner = Runner()
     ready = threading.Event()
-    pid: list[int] = []
     try:
         holder.set_autocommit(False)
+        holder_pid = _backend_pid(holder)
         with holder.cursor() as cursor:
             if record_table == "partitioned":  # another writer holds the scope's lock
                 cursor.execute(
@@ -221,13 +231,12 @@ def test_a_claim_that_waited_gets_its_whole_lease(record_table):
                 )
 
         def waiter():
-            pid.append(_backend_pid(connections["default"]))
             ready.set()
             return claim(sc, lease=lease)
 
         runner.start(waiter)
         assert ready.wait(10)
-        _wait_until_blocked(pid[0])
+        _wait_until_someone_waits_for(holder_pid)
         with holder.cursor() as cursor:
             # The holder runs on past the waiter's lease, then gives up (rolls back).
             cursor.execute("SELECT pg_sleep(%s)", [3 * lease])
