@@ -46,6 +46,10 @@ DEFAULTS: dict[str, Any] = {
     "PARTITIONS_AHEAD": 3,
     "SWEEP_BATCH_SIZE": 5000,
     "OUTBOX_RETENTION": 7 * 24 * 60 * 60.0,
+    # Where records live (docs/deployment.md).
+    "DATABASE_RESOLVER": None,
+    "DATABASES": None,
+    "UNGUARDED_DATABASES": (),
 }
 
 
@@ -254,6 +258,29 @@ class IdempotencySettings:
     def outbox_retention(self) -> float:
         """Seconds a sent outbox message is kept (after ``sent_at``) before it is swept."""
         return float(self.get("OUTBOX_RETENTION"))
+
+    @property
+    def database_resolver(self) -> Callable[..., str] | None:
+        """Optional ``callable(request) -> alias``: the database of a request's record.
+
+        For tenant-sharded projects (docs/deployment.md); a view's ``using=`` wins.
+        ``None``: the router's ``db_for_write`` for ``IdempotencyRecord``.
+        """
+        return resolve_callable(self.get("DATABASE_RESOLVER"))
+
+    @property
+    def databases(self) -> tuple[str, ...] | None:
+        """Aliases of the records and outbox messages: what the sweeper and relay cover.
+
+        ``None``: the router's aliases for each (``databases.all_databases``).
+        """
+        value = self.get("DATABASES")
+        return None if value is None else _names(value)
+
+    @property
+    def unguarded_databases(self) -> frozenset[str]:
+        """Aliases an idempotent view may write to outside its record's transaction."""
+        return frozenset(_names(self.get("UNGUARDED_DATABASES")))
 
 
 conf = IdempotencySettings()

@@ -153,8 +153,9 @@ class UnprotectedContext:
     taken_over = False
     recovery_point = ""
 
-    def __init__(self, phases: tuple[str, ...]) -> None:
+    def __init__(self, phases: tuple[str, ...], using: str | None = None) -> None:
         self.phases = phases
+        self.using = using
         self.open_phase = ""
         self._derived: dict[str, str] = {}
 
@@ -171,7 +172,7 @@ class UnprotectedContext:
         """Run the block in its own transaction, like a phase, recording nothing."""
         self.open_phase = name
         try:
-            with transaction.atomic(using=store.database_for_write()):
+            with transaction.atomic(using=self.using or store.database_for_write()):
                 yield
         finally:
             self.open_phase = ""

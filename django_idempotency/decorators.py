@@ -101,6 +101,9 @@ def idempotent(view: F | None = None, /, **options: Any) -> F | Callable[[F], F]
         phases (list[str]): the view's atomic phases in order; each
             ``request.idempotency.phase(name)`` block commits on its own and a retry
             resumes after the last finished one (docs/phases.md).
+        using (str | callable): the database of the view's records, an alias or
+            ``request -> alias`` (a tenant's shard); it must be the database the
+            view writes to (docs/deployment.md).
 
     Raises:
         TypeError: an unknown or invalid option, or the decorator applied to a

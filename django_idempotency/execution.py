@@ -23,7 +23,7 @@ from typing import Any
 from django.db import DatabaseError, IntegrityError, InterfaceError
 from django.http.response import HttpResponseBase
 
-from . import phases, problems, signals, store, transactions
+from . import phases, problems, signals, store, transactions, write_guard
 from .conf import conf
 from .context import IdempotencyContext, UnprotectedContext
 from .logging import key_hash
@@ -83,6 +83,8 @@ def execute(
         view that finished a phase keeps its claim instead: docs/phases.md); the
         ``IntegrityError`` of a deferred constraint the view's writes violated, raised
         at ``COMMIT``, the same way.
+        write_guard.CrossDatabaseWrite: a single-transaction view wrote to a database
+            other than its record's (the write was not sent; the key is released).
     """
     claim, options = proceed.claim, proceed.options
     context = IdempotencyContext(claim, lease=options.get_lease(), phases=options.phases)
@@ -98,7 +100,7 @@ def execute(
             if stored is not None:
                 signals.completed.send(claim.scope.endpoint, status=stored.status, **_kw(claim))
             return response
-        return _execute_atomic(claim, options, call, finalize)
+        return _execute_atomic(claim, options, call, finalize, proceed.view_name)
 
 
 def _kw(claim: store.Claim) -> dict[str, str]:
@@ -126,12 +128,18 @@ def _execute_atomic(
     options: Options,
     call: Callable[[], HttpResponseBase],
     finalize: Callable[[HttpResponseBase], HttpResponseBase],
+    view_name: str,
 ) -> HttpResponseBase:
-    """The view and its completion in one ``transaction.atomic()`` block."""
+    """The view and its completion in one ``transaction.atomic()`` block.
+
+    Writes to any other database are refused while the view runs (``write_guard``).
+    """
     stage = "view"  # then "complete" (our UPDATE), then "commit" (the block's exit)
     try:
         with transactions.atomic(claim.using):
-            response = finalize(call())
+            with write_guard.guard(view_name, claim.scope.endpoint, claim.using) as guard:
+                response = finalize(call())
+            guard.check()  # a refused write the view caught still fails the request
             if options.should_release(response.status_code):
                 raise _Release(response)
             doomed = transactions.doomed(claim.using)

@@ -112,7 +112,10 @@ def run(
         raise not_acceptable  # the view would have to run: DRF's 406
     if isinstance(decision, protocol.Bypass):
         # A phased view without a key (key optional) runs its phases unprotected.
-        execution.attach(request, UnprotectedContext(options.phases) if options.phases else None)
+        unprotected = None
+        if options.phases:
+            unprotected = UnprotectedContext(options.phases, options.get_using(request))
+        execution.attach(request, unprotected)
         with atomic_requests_blocks():
             return call()
     assert isinstance(decision, protocol.Proceed)  # CannotRun only when may_run is False

@@ -35,6 +35,11 @@ class Options:
         phases: the names of the view's atomic phases, in order
             (docs/phases.md). Non-empty: the view runs outside one transaction and
             each ``request.idempotency.phase(name)`` block commits on its own.
+        using: the database of the view's records: an alias, or
+            ``callable(request) -> alias`` (or its dotted path) for a per-request
+            choice such as a tenant's shard; ``None``: the ``DATABASE_RESOLVER``
+            setting, then the router (docs/deployment.md). It must be the database
+            the view writes to: writes to another one are refused.
     """
 
     required: bool | None = None
@@ -48,6 +53,7 @@ class Options:
     endpoint: str | None = None
     release: ReleasePredicate | str | None = None
     phases: tuple[str, ...] = ()
+    using: str | Callable[[Any], str] | None = None
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> Options:
@@ -72,6 +78,9 @@ class Options:
             raise TypeError(f"lease ({lease} s) must be shorter than retention ({retention} s)")
         if kwargs.get("wait") is not None and float(kwargs["wait"]) < 0:
             raise TypeError(f"wait must be 0 or more seconds, not {kwargs['wait']!r}")
+        using = kwargs.get("using")
+        if using is not None and not (isinstance(using, str) and using) and not callable(using):
+            raise TypeError(f"using takes a database alias or a callable, not {using!r}")
         if "phases" in kwargs:
             kwargs["phases"] = validate_phases(kwargs["phases"])
         for name in ("replay_headers", "fingerprint_exclude", "fingerprint_headers"):
@@ -135,6 +144,17 @@ class Options:
         resolver = resolve_callable(self.principal)
         assert resolver is not None
         return resolver
+
+    def get_using(self, request: Any) -> str:
+        """The alias of the database holding ``request``'s record (``databases.py``).
+
+        Raises:
+            django.core.exceptions.ImproperlyConfigured: the choice is not an alias in
+                ``settings.DATABASES``.
+        """
+        from .databases import for_request
+
+        return for_request(request, self.using)
 
     def should_release(self, status: int) -> bool:
         """Whether a returned ``status`` releases the key instead of being stored.

@@ -97,7 +97,9 @@ def enqueue(
             message's position (``IdempotencyContext.next_outbox_key``), so a retry of
             the same code derives the same keys. Elsewhere: a random UUID
             (32 hex characters).
-        using: database alias; default: the router's choice for ``OutboxMessage``.
+        using: database alias; default: inside an idempotent view, its record's
+            database (the view's transaction); elsewhere the router's choice for
+            ``OutboxMessage``.
         available_at: not delivered before this datetime (default: now); a naive
             one is local time in ``TIME_ZONE``, as everywhere in Django.
 
@@ -109,14 +111,14 @@ def enqueue(
         NotInTransaction: no ``atomic()`` block is open on ``using``.
         ValueError: ``topic`` or ``dedup_key`` is empty or too long.
     """
-    using = using or database_for_write()
+    current = context.current()
+    using = using or (current.claim.using if current is not None else database_for_write())
     if not transaction.get_connection(using).in_atomic_block:
         raise NotInTransaction(
             f"outbox.enqueue({topic!r}) was called outside a transaction on database "
             f"{using!r}: the message would be sent even if the work around it failed. "
             "Call it inside transaction.atomic() (idempotent views already run in one)."
         )
-    current = context.current()
     if current is not None and current.claim.using != using:
         current = None  # the record lives elsewhere: no link, no derived key
     if dedup_key is None:

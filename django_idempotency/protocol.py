@@ -56,6 +56,7 @@ class Proceed:
 
     claim: store.Claim
     options: Options
+    view_name: str = ""
 
 
 @dataclass(frozen=True)
@@ -208,14 +209,14 @@ def begin(
     if isinstance(fp, Respond):
         return fp
     scope = store.Scope(_fit(str(principal)), endpoint_for(http, options, view_name), key)
-    using = store.database_for_write()
+    using = options.get_using(request)
     if may_run and transactions.outer_block(using):  # the claim could not commit on its own
         transactions.warn_outer(scope.endpoint, view_name, using)
-    return _claim(scope, fp, options, using, may_run=may_run)
+    return _claim(scope, fp, options, using, may_run=may_run, view_name=view_name)
 
 
 def _claim(
-    scope: store.Scope, fp: str, options: Options, using: str, *, may_run: bool
+    scope: store.Scope, fp: str, options: Options, using: str, *, may_run: bool, view_name: str
 ) -> Respond | Proceed | CannotRun:
     signal_kwargs = {
         "principal": scope.principal,
@@ -248,7 +249,7 @@ def _claim(
             return CANNOT_RUN
         if isinstance(result, store.Claim):
             signals.claimed.send(scope.endpoint, taken_over=result.taken_over, **signal_kwargs)
-            return Proceed(result, options)
+            return Proceed(result, options, view_name)
         if result.fingerprint != fp:
             signals.mismatched.send(scope.endpoint, **signal_kwargs)
             return _problem(

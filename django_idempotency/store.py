@@ -35,7 +35,6 @@ from django.db import (
     IntegrityError,
     OperationalError,
     connections,
-    router,
     transaction,
 )
 from django.db.models import F, Q
@@ -57,6 +56,7 @@ from ._pg_partitioned import PG_PARTITIONED_CLAIM_SQL, is_partitioned
 from ._pg_partitioned import forget as forget_table_kind
 from .bodies import decode_body, encode_body
 from .claims import Claim, Existing, Headers, HeartbeatUnavailable, LeaseLost, Scope, StoredResponse
+from .databases import record_database
 from .models import IdempotencyRecord, RecordState
 
 __all__ = [
@@ -105,7 +105,7 @@ _RESTAMP_AFTER = 0.05
 
 def database_for_write() -> str:
     """The database alias the router picks for writing idempotency records."""
-    return router.db_for_write(IdempotencyRecord) or "default"
+    return record_database()
 
 
 def _now_value(using: str, plus_seconds: float = 0.0) -> Any:

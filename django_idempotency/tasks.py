@@ -14,6 +14,7 @@ from __future__ import annotations
 from celery import current_app, shared_task  # type: ignore[import-untyped]
 
 from . import relay
+from .databases import all_databases
 
 
 @shared_task(name="django_idempotency.relay_outbox", ignore_result=True)  # type: ignore[untyped-decorator]
@@ -22,10 +23,20 @@ def relay_outbox(
 ) -> int:
     """Deliver the outbox messages due now; see ``relay.deliver_due``.
 
+    Args:
+        batch_size: messages claimed per batch (default: ``OUTBOX_BATCH_SIZE``).
+        using: one database alias; ``None``: every alias of the ``DATABASES`` setting
+            (default: the router's), one after the other.
+        max_batches: batches per database at most.
+
     Returns:
         The number of messages handled (sent, retried or dead-lettered).
     """
-    return relay.deliver_due(batch_size=batch_size, using=using, max_batches=max_batches)
+    aliases = (using,) if using else all_databases()
+    return sum(
+        relay.deliver_due(batch_size=batch_size, using=alias, max_batches=max_batches)
+        for alias in aliases
+    )
 
 
 def send_relay_task(using: str | None = None) -> bool:
@@ -51,9 +62,17 @@ def send_relay_task(using: str | None = None) -> bool:
 def sweep(using: str | None = None, dry_run: bool = False) -> dict[str, object]:
     """Retention sweeper (docs/retention.md); see ``retention.sweep``. Schedule it with beat.
 
+    Args:
+        using: one database alias; ``None``: every alias of the ``DATABASES`` setting
+            (default: the router's), one after the other.
+        dry_run: change nothing; report what would be done.
+
     Returns:
-        The sweep report as a JSON-serialisable dict (``SweepReport.as_dict``).
+        The sweep report as a JSON-serialisable dict (``SweepReport.as_dict``); with
+        several databases, ``{"databases": [report, ...]}``, one per alias.
     """
     from . import retention
 
-    return retention.sweep(using, dry_run=dry_run).as_dict()
+    aliases = (using,) if using else all_databases()
+    reports = [retention.sweep(alias, dry_run=dry_run).as_dict() for alias in aliases]
+    return reports[0] if len(reports) == 1 else {"databases": reports}

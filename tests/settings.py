@@ -32,11 +32,23 @@ if DATABASES["default"]["ENGINE"].endswith("postgresql"):
         **DATABASES["default"],
         "TEST": {"NAME": f"{DATABASES['default']['TEST']['NAME']}_replica"},
     }
+    # Another primary, for records kept apart from the views' rows, tenant shards and
+    # writes to the wrong database (tests/test_databases.py).
+    DATABASES["shard"] = {
+        **DATABASES["default"],
+        "TEST": {"NAME": f"{DATABASES['default']['TEST']['NAME']}_shard"},
+    }
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     # A file, not :memory:, so that threads in concurrency tests share one database.
     _default_path = Path(tempfile.gettempdir()) / f"django_idempotency_test_{_checkout}.sqlite3"
     DATABASES["default"]["TEST"] = {"NAME": env("SQLITE_TEST_PATH", default=str(_default_path))}
     DATABASES["default"]["OPTIONS"] = {"timeout": 30}
+    DATABASES["shard"] = {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": str(_default_path.with_suffix(".shard.sqlite3")),
+        "TEST": {"NAME": str(_default_path.with_suffix(".shard.sqlite3"))},
+        "OPTIONS": {"timeout": 30},
+    }
 
 INSTALLED_APPS = [
     "django.contrib.admin",

@@ -10,6 +10,7 @@ from django.utils.translation import ngettext
 
 from django_idempotency import relay
 from django_idempotency.conf import conf
+from django_idempotency.databases import all_databases
 
 
 class Command(BaseCommand):
@@ -43,7 +44,10 @@ class Command(BaseCommand):
             help="Stop after this many batches (default: run until interrupted).",
         )
         parser.add_argument(
-            "--database", default=None, help="Database alias (default: the router's choice)."
+            "--database",
+            default=None,
+            help="Database alias (default: each alias of the IDEMPOTENCY DATABASES "
+            "setting, else the router's choice).",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:  # noqa: D102
@@ -57,13 +61,14 @@ class Command(BaseCommand):
         limit = options["max_iterations"]
         if limit is not None and limit < 1:
             raise CommandError("--max-iterations must be at least 1.")
+        aliases = (options["database"],) if options["database"] else all_databases()
         total = iterations = 0
         try:
             while limit is None or iterations < limit:
-                handled = relay.deliver_batch(batch_size, using=options["database"])
-                total += handled
+                handled = [relay.deliver_batch(batch_size, using=alias) for alias in aliases]
+                total += sum(handled)
                 iterations += 1
-                if handled < batch_size:  # drained for now
+                if all(count < batch_size for count in handled):  # drained for now
                     if options["once"]:
                         break
                     if limit is None or iterations < limit:

@@ -8,6 +8,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils.translation import ngettext
 
 from django_idempotency import retention
+from django_idempotency.databases import all_databases
 
 
 class Command(BaseCommand):
@@ -29,14 +30,28 @@ class Command(BaseCommand):
             help="Change nothing; report what would be created, dropped or deleted.",
         )
         parser.add_argument(
-            "--database", default=None, help="Database alias (default: the router's choice)."
+            "--database",
+            default=None,
+            help="Database alias (default: each alias of the IDEMPOTENCY DATABASES "
+            "setting, else the router's choice).",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:  # noqa: D102
-        report = retention.sweep(options["database"], dry_run=options["dry_run"])
+        aliases = (options["database"],) if options["database"] else all_databases()
+        failed = False
+        for alias in aliases:
+            failed = self._sweep(alias, options["dry_run"]) or failed
+        if failed:
+            raise CommandError("Some partitions could not be dropped; run the sweep again.")
+
+    def _sweep(self, alias: str, dry_run: bool) -> bool:
+        """Sweep one database and report it; whether a partition could not be dropped."""
+        report = retention.sweep(alias, dry_run=dry_run)
         if report.skipped:
-            self.stdout.write("Another sweeper is running on this database; nothing done.")
-            return
+            self.stdout.write(
+                f"Another sweeper is running on database {alias!r}; nothing done there."
+            )
+            return False
         dry = report.dry_run
 
         def verb(present: str, past: str) -> str:
@@ -70,5 +85,4 @@ class Command(BaseCommand):
             self.stdout.write(f"Kept partition {name}: a record in it is still live.")
         for error in report.errors:
             self.stderr.write(f"Not dropped this time: {error}")
-        if report.errors:
-            raise CommandError("Some partitions could not be dropped; run the sweep again.")
+        return bool(report.errors)

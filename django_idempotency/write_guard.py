@@ -1,0 +1,139 @@
+"""Refuse an idempotent view's writes to a database other than its record's.
+
+The completion commits with the view's writes only when both are on one database. A
+write to another database commits or rolls back on its own: if the view then fails,
+the key is released and a retry writes again; if that database's commit fails after
+the record completed, every retry replays a result that was never kept. So while a
+single-transaction idempotent view runs, every other configured database refuses
+statements that write (``INSERT``, ``UPDATE``, ``DELETE``, ``MERGE``, DDL, ...) with
+:class:`CrossDatabaseWrite`, before they reach the server. Reads are left alone.
+
+The view does not complete even if it catches the exception: :meth:`WriteGuard.check`
+raises it again after the view returns, the view's transaction rolls back and the key
+is released, so nothing is stored for an effect that did not happen. Phased views are
+not guarded: each phase commits on its own and a write elsewhere is an effect outside
+the record's transaction, like a call to another service (docs/phases.md). Databases
+listed in ``UNGUARDED_DATABASES`` are not guarded either. See docs/deployment.md.
+
+Detection reads the statement's first keyword: a function that writes called from a
+``SELECT`` is not seen.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from typing import Any
+
+from django.db import connections
+
+from .conf import conf
+
+logger = logging.getLogger("django_idempotency")
+
+#: The first keyword of a statement that writes (after comments and parentheses).
+_WRITES = re.compile(
+    r"(?:\s|\(|/\*.*?\*/|--[^\n]*\n)*"
+    r"(INSERT|UPDATE|DELETE|MERGE|REPLACE|UPSERT|TRUNCATE|CREATE|ALTER|DROP|RENAME|COPY"
+    r"|GRANT|REVOKE|COMMENT|CALL|DO|REFRESH|REINDEX|CLUSTER|VACUUM|IMPORT|SECURITY)\b",
+    re.IGNORECASE | re.DOTALL,
+)
+#: A ``WITH`` query with a data-modifying part (PostgreSQL).
+_WITH_WRITES = re.compile(
+    r"(?:\s|\(|/\*.*?\*/|--[^\n]*\n)*WITH\b.*\b(INSERT|UPDATE|DELETE|MERGE)\b",
+    re.IGNORECASE | re.DOTALL,
+)
+
+
+def writes(sql: object) -> bool:
+    """Whether the statement ``sql`` (a string, or a composed psycopg query) writes."""
+    text = sql if isinstance(sql, str) else str(sql)
+    return bool(_WRITES.match(text) or _WITH_WRITES.match(text))
+
+
+class CrossDatabaseWrite(RuntimeError):
+    """An idempotent view wrote to a database other than its record's.
+
+    Raised by the statement itself, which is not sent; the view's transaction rolls
+    back and the key is released. Attributes: ``view`` (dotted name), ``endpoint``,
+    ``record_database`` and ``database`` (aliases). Fix: keep the record where the view
+    writes (the view's ``using=``, the ``DATABASE_RESOLVER`` setting or the router), or
+    make the view phased (docs/deployment.md, "Several databases").
+    """
+
+    def __init__(self, view: str, endpoint: str, record_database: str, database: str) -> None:
+        self.view, self.endpoint = view, endpoint
+        self.record_database, self.database = record_database, database
+        super().__init__(
+            f"The idempotent view {view} ({endpoint}) wrote to database {database!r}, but "
+            f"its idempotency record is in database {record_database!r}. That write would "
+            "commit or roll back apart from the record, so a retry could run it twice or "
+            "replay a result that was never kept: it was refused, and the view's "
+            f"transaction on {record_database!r} rolled back. Keep the record where the "
+            f"view writes: using={database!r} on the view, IDEMPOTENCY['DATABASE_RESOLVER'] "
+            "or a router sending IdempotencyRecord there (docs/deployment.md); or list "
+            f"{database!r} in IDEMPOTENCY['UNGUARDED_DATABASES'] to accept its writes "
+            "unprotected."
+        )
+
+
+class WriteGuard:
+    """The execute wrapper installed on the other databases while a view runs."""
+
+    def __init__(self, view: str, endpoint: str, record_database: str) -> None:
+        self.view, self.endpoint, self.record_database = view, endpoint, record_database
+        self.refused: CrossDatabaseWrite | None = None
+
+    def __call__(
+        self,
+        execute: Callable[..., Any],
+        sql: Any,
+        params: Any,
+        many: bool,
+        context: dict[str, Any],
+    ) -> Any:
+        """Run the statement, unless it writes (then raise :class:`CrossDatabaseWrite`)."""
+        if writes(sql):
+            alias = context["connection"].alias
+            error = CrossDatabaseWrite(self.view, self.endpoint, self.record_database, alias)
+            if self.refused is None:
+                self.refused = error
+                logger.error("%s", error, extra={"endpoint": self.endpoint})
+            raise error
+        return execute(sql, params, many, context)
+
+    def check(self) -> None:
+        """Raise the first refusal again (the view may have caught it).
+
+        Raises:
+            CrossDatabaseWrite: a write to another database was refused.
+        """
+        if self.refused is not None:
+            raise self.refused
+
+
+def guarded_aliases(record_database: str) -> list[str]:
+    """The configured aliases other than ``record_database`` and the unguarded ones."""
+    unguarded = conf.unguarded_databases
+    return [a for a in connections if a != record_database and a not in unguarded]
+
+
+@contextmanager
+def guard(view: str, endpoint: str, record_database: str) -> Iterator[WriteGuard]:
+    """Refuse writes to every other database (this thread's connections) in the block.
+
+    Args:
+        view: the view's dotted name, for the message.
+        endpoint: the record's endpoint (``"POST /v1/orders"``).
+        record_database: the alias holding the record; its statements pass.
+
+    Yields:
+        The :class:`WriteGuard`; call its ``check()`` before completing.
+    """
+    write_guard = WriteGuard(view, endpoint, record_database)
+    with ExitStack() as stack:
+        for alias in guarded_aliases(record_database):
+            stack.enter_context(connections[alias].execute_wrapper(write_guard))
+        yield write_guard
