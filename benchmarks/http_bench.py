@@ -128,16 +128,31 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
-def load(url: str, mode: str, clients: int, requests: int, replay_keys: list[str]) -> Cell:
-    """Send ``requests`` requests from ``clients`` threads; measure throughput and latency."""
+def load(
+    url: str,
+    mode: str,
+    clients: int,
+    requests: int,
+    replay_keys: list[str],
+    *,
+    path: str = PATH,
+    data: dict[str, Any] | None = None,
+    token: str = TOKEN,
+) -> Cell:
+    """Send ``requests`` requests from ``clients`` threads; measure throughput and latency.
+
+    ``mode``: ``keyed`` (a new key each time), ``replay`` (one completed key per client
+    thread, from ``replay_keys``), anything else unkeyed. Every answer must be a 201,
+    replayed exactly in ``replay`` mode; others count as errors.
+    """
     per_thread = [requests // clients + (i < requests % clients) for i in range(clients)]
     latencies: list[list[float]] = [[] for _ in range(clients)]
     errors = [0] * clients
-    payload = json.dumps(body("bench")).encode()
+    payload = json.dumps(body("bench") if data is None else data).encode()
     barrier = threading.Barrier(clients + 1)
 
     def worker(index: int) -> None:
-        headers = {"Authorization": f"Token {TOKEN}", "Content-Type": "application/json"}
+        headers = {"Authorization": f"Token {token}", "Content-Type": "application/json"}
         with httpx.Client(base_url=url, headers=headers, timeout=30) as client:
             barrier.wait()
             for _ in range(per_thread[index]):
@@ -147,7 +162,7 @@ def load(url: str, mode: str, clients: int, requests: int, replay_keys: list[str
                 elif mode == "replay":
                     extra["Idempotency-Key"] = replay_keys[index]
                 started = time.perf_counter()
-                response = client.post(PATH, content=payload, headers=extra)
+                response = client.post(path, content=payload, headers=extra)
                 latencies[index].append(time.perf_counter() - started)
                 replayed = response.headers.get("Idempotent-Replayed") == "true"
                 if response.status_code != 201 or replayed != (mode == "replay"):
@@ -174,13 +189,21 @@ def load(url: str, mode: str, clients: int, requests: int, replay_keys: list[str
     )
 
 
-def prepare_replays(url: str, count: int) -> list[str]:
+def prepare_replays(
+    url: str,
+    count: int,
+    *,
+    path: str = PATH,
+    data: dict[str, Any] | None = None,
+    token: str = TOKEN,
+) -> list[str]:
     """``count`` completed keyed creates; their keys (one per client thread)."""
     keys = [f"bench-replay-{uuid.uuid4()}" for _ in range(count)]
-    headers = {"Authorization": f"Token {TOKEN}"}
+    headers = {"Authorization": f"Token {token}"}
+    payload = body("bench") if data is None else data
     with httpx.Client(base_url=url, headers=headers, timeout=30) as client:
         for key in keys:
-            response = client.post(PATH, json=body("bench"), headers={"Idempotency-Key": key})
+            response = client.post(path, json=payload, headers={"Idempotency-Key": key})
             response.raise_for_status()
     return keys
 

@@ -211,8 +211,8 @@ def run(args: argparse.Namespace) -> None:
         with transaction.atomic():
             cursor.execute(
                 "INSERT INTO workers_worker (id, owner_id, image, cpu, memory_gb, labels, state,"
-                " reboots, created_at) SELECT substr(md5(random()::text), 1, 9), id, 'b', 1, 1,"
-                " '{}'::jsonb, 'running', 0, now() FROM auth_user LIMIT 1"
+                " reboots, vm_id, created_at) SELECT substr(md5(random()::text), 1, 9), id, 'b',"
+                " 1, 1, '{}'::jsonb, 'running', 0, '', now() FROM auth_user LIMIT 1"
             )
 
     def empty_block() -> None:

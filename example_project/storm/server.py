@@ -100,6 +100,9 @@ def manage(env: dict[str, str], *command: str) -> str:
 class Gunicorn:
     """leasebroker under gunicorn: ``workers`` sync processes on 127.0.0.1:``port``."""
 
+    #: What :meth:`start` polls until the server answers.
+    ready_path = "/v1/workers"
+
     def __init__(self, env: dict[str, str], *, workers: int, port: int | None = None) -> None:
         self.env = env
         self.workers = workers
@@ -116,7 +119,7 @@ class Gunicorn:
         ]
 
     def start(self, token: str) -> None:
-        """Start gunicorn and wait until it answers (``GET /v1/workers`` as ``token``).
+        """Start gunicorn and wait until it answers (``GET ready_path`` as ``token``).
 
         Raises:
             SetupError: gunicorn is missing, exited, or did not answer in time.
@@ -135,7 +138,7 @@ class Gunicorn:
             if self.process.poll() is not None:
                 raise SetupError(f"gunicorn exited with code {self.process.returncode}")
             try:
-                answer = httpx.get(f"{self.url}/v1/workers", headers=headers, timeout=2)
+                answer = httpx.get(f"{self.url}{self.ready_path}", headers=headers, timeout=2)
                 if answer.is_success and len(self.worker_pids()) >= self.workers:
                     return
             except httpx.TransportError:
