@@ -11,6 +11,7 @@ from .phases import validate_phases
 from .responses import FORBIDDEN_HEADERS
 
 PrincipalResolver = Callable[[Any], "str | None"]
+KeyExtractor = Callable[[Any], "str | None"]
 ReleasePredicate = Callable[[int], bool]
 
 
@@ -35,6 +36,9 @@ class Options:
         phases: the names of the view's atomic phases, in order
             (docs/phases.md). Non-empty: the view runs outside one transaction and
             each ``request.idempotency.phase(name)`` block commits on its own.
+        key: ``callable(request) -> str | None`` (or its dotted path) that takes the
+            idempotency key from elsewhere in the request than ``Idempotency-Key``
+            (a webhook's event id: ``django_idempotency.extractors``, docs/inbox.md).
     """
 
     required: bool | None = None
@@ -48,6 +52,7 @@ class Options:
     endpoint: str | None = None
     release: ReleasePredicate | str | None = None
     phases: tuple[str, ...] = ()
+    key: KeyExtractor | str | None = None
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> Options:
@@ -135,6 +140,10 @@ class Options:
         resolver = resolve_callable(self.principal)
         assert resolver is not None
         return resolver
+
+    def get_key_extractor(self) -> KeyExtractor | None:
+        """The view's key extractor (``key=``), or ``None``: the ``Idempotency-Key`` header."""
+        return resolve_callable(self.key)
 
     def should_release(self, status: int) -> bool:
         """Whether a returned ``status`` releases the key instead of being stored.
