@@ -61,7 +61,11 @@ class InFlight(RuntimeError):
             f"{endpoint}: a call with this idempotency key is in progress; retry after "
             f"{retry_after:.1f} s with the same key to get its result"
         )
+        self.endpoint = endpoint
         self.retry_after = max(0.0, retry_after)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled by Celery's result backends
+        return (type(self), (self.endpoint, self.retry_after))
 
 
 class KeyReused(ValueError):
