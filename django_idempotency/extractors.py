@@ -28,7 +28,16 @@ from .keys import InvalidKey
 
 KeyExtractor = Callable[[Any], "str | None"]
 
-__all__ = ["InvalidKey", "KeyExtractor", "body_field", "check_key", "combined", "extract", "header", "source"]
+__all__ = [
+    "InvalidKey",
+    "KeyExtractor",
+    "body_field",
+    "check_key",
+    "combined",
+    "extract",
+    "header",
+    "source",
+]
 
 
 def source(extractor: KeyExtractor) -> str:

@@ -146,7 +146,11 @@ def encode_result(result: Any) -> bytes:
 
 
 def _kw(scope: store.Scope) -> dict[str, str]:
-    return {"principal": scope.principal, "endpoint": scope.endpoint, "key_hash": key_hash(scope.key)}
+    return {
+        "principal": scope.principal,
+        "endpoint": scope.endpoint,
+        "key_hash": key_hash(scope.key),
+    }
 
 
 def _release(claim: store.Claim) -> None:

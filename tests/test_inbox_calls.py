@@ -120,10 +120,9 @@ def test_a_crashed_claim_is_taken_over_after_its_lease():
     with pytest.raises(inbox.InFlight) as in_flight:
         apply("evt-7")
     assert 0 < in_flight.value.retry_after <= 30
-    with testing.travel(31):
-        with inbox.once("evt-7", payload={"amount": 5}, **SCOPE) as attempt:
-            assert attempt.taken_over and not attempt.done
-            attempt.result = "second"
+    with testing.travel(31), inbox.once("evt-7", payload={"amount": 5}, **SCOPE) as attempt:
+        assert attempt.taken_over and not attempt.done
+        attempt.result = "second"
     assert apply("evt-7") == "second"
     with pytest.raises(store.LeaseLost):  # the crashed owner is fenced off
         with transaction.atomic():
@@ -162,15 +161,12 @@ def test_a_duplicate_while_the_first_runs_is_in_flight_and_runs_nothing():
     thread.start()
     try:
         assert entered.wait(30)
-        with pytest.raises(inbox.InFlight):
-            with inbox.once("evt-9", **SCOPE) as attempt:
-                Widget.objects.create(name="duplicate")
+        with pytest.raises(inbox.InFlight), inbox.once("evt-9", **SCOPE) as attempt:
+            Widget.objects.create(name="duplicate")
     finally:
         release.set()
         thread.join(30)
-    assert results == ["first"] and list(Widget.objects.values_list("name", flat=True)) == [
-        "first"
-    ]
+    assert results == ["first"] and list(Widget.objects.values_list("name", flat=True)) == ["first"]
     with inbox.once("evt-9", **SCOPE) as attempt:
         assert attempt.done and attempt.result == "first"
 
@@ -254,6 +250,7 @@ def test_an_idempotent_shared_task_runs_its_body_once_per_key():
 
 def test_a_bound_task_leaves_self_out_of_the_payload_and_retries_in_flight():
     from celery import shared_task
+
     from django_idempotency.celery_tasks import idempotent_task
 
     @shared_task(bind=True, name="tests.inbox.bound")

@@ -21,8 +21,14 @@ from tests.webhook_app import SECRET
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.webhook_app")]
 
 
-def deliver(path: str, event: dict[str, Any], *, secret: str = SECRET,
-            signature_header: str = "HTTP_X_TEST_SIGNATURE", **headers: str) -> Any:
+def deliver(
+    path: str,
+    event: dict[str, Any],
+    *,
+    secret: str = SECRET,
+    signature_header: str = "HTTP_X_TEST_SIGNATURE",
+    **headers: str,
+) -> Any:
     body = json.dumps(event).encode()
     headers.setdefault(signature_header, sign(secret, body))
     return Client().post(path, body, content_type="application/json", **headers)  # fmt: skip
