@@ -101,6 +101,8 @@ def idempotent(view: F | None = None, /, **options: Any) -> F | Callable[[F], F]
         phases (list[str]): the view's atomic phases in order; each
             ``request.idempotency.phase(name)`` block commits on its own and a retry
             resumes after the last finished one (docs/phases.md).
+        key (callable): ``request -> str | None``, the idempotency key taken from
+            elsewhere in the request (a webhook's event id; docs/inbox.md).
 
     Raises:
         TypeError: an unknown or invalid option, or the decorator applied to a

@@ -311,7 +311,9 @@ def idempotent_call(
         payload: ``callable(*args, **kwargs) -> JSON`` identifying the work (default:
             the arguments by name, which must then be JSON); the same key with another
             payload raises :class:`KeyReused`.
-        lease, retention, using: as for :func:`once`.
+        lease: seconds a running body holds off duplicates (as for :func:`once`).
+        retention: seconds the result is kept and returned (as for :func:`once`).
+        using: the records' database alias (as for :func:`once`).
 
     The decorated function returns its result as stored, after a JSON round trip
     (a tuple comes back as a list), the same on the first call and on every later one.

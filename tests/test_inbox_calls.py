@@ -66,19 +66,19 @@ def test_the_same_key_with_another_payload_is_key_reused():
 
 
 def test_a_result_that_is_not_json_rolls_back_with_a_clear_error():
-    with pytest.raises(inbox.UnstorableResult, match="cannot be stored as JSON"):
-        with inbox.once("evt-4", **SCOPE) as attempt:
-            Widget.objects.create(name="x")
-            attempt.result = {"when": object()}
+    unstorable = pytest.raises(inbox.UnstorableResult, match="cannot be stored as JSON")
+    with unstorable, inbox.once("evt-4", **SCOPE) as attempt:
+        Widget.objects.create(name="x")
+        attempt.result = {"when": object()}
     assert Widget.objects.count() == 0 and IdempotencyRecord.objects.count() == 0
 
 
 @override_settings(IDEMPOTENCY={"MAX_RESPONSE_BYTES": 64})
 def test_a_result_over_max_response_bytes_rolls_back_with_a_clear_error():
-    with pytest.raises(inbox.UnstorableResult, match="MAX_RESPONSE_BYTES allows 64"):
-        with inbox.once("evt-5", **SCOPE) as attempt:
-            Widget.objects.create(name="x")
-            attempt.result = "y" * 100
+    too_large = pytest.raises(inbox.UnstorableResult, match="MAX_RESPONSE_BYTES allows 64")
+    with too_large, inbox.once("evt-5", **SCOPE) as attempt:
+        Widget.objects.create(name="x")
+        attempt.result = "y" * 100
     assert Widget.objects.count() == 0 and IdempotencyRecord.objects.count() == 0
 
 
@@ -90,12 +90,12 @@ def test_an_unusable_key_is_refused_before_anything_is_claimed(bad):
 
 
 def test_a_principal_and_an_endpoint_are_required():
-    with pytest.raises(InvalidKey, match="principal"):
-        with inbox.once("k", principal="", endpoint="e"):
-            pass
-    with pytest.raises(TypeError, match="not JSON"):
-        with inbox.once("k", principal="p", endpoint="e", payload={1, 2}):
-            pass
+    no_principal = pytest.raises(InvalidKey, match="principal")
+    with no_principal, inbox.once("k", principal="", endpoint="e"):
+        pass
+    not_json = pytest.raises(TypeError, match="not JSON")
+    with not_json, inbox.once("k", principal="p", endpoint="e", payload={1, 2}):
+        pass
 
 
 def test_the_body_sees_its_context_and_its_outbox_messages_link_to_the_record():
@@ -124,15 +124,14 @@ def test_a_crashed_claim_is_taken_over_after_its_lease():
         assert attempt.taken_over and not attempt.done
         attempt.result = "second"
     assert apply("evt-7") == "second"
-    with pytest.raises(store.LeaseLost):  # the crashed owner is fenced off
-        with transaction.atomic():
-            store.complete(crashed, store.StoredResponse(200, [], b"1"))
+    with pytest.raises(store.LeaseLost), transaction.atomic():  # the crashed owner: fenced
+        store.complete(crashed, store.StoredResponse(200, [], b"1"))
 
 
 def test_records_are_swept_after_their_retention_window():
-    with testing.travel(-3 * 86400):  # three days ago, kept for a minute
-        with inbox.once("evt-8", retention=60, payload={"amount": 5}, **SCOPE) as attempt:
-            attempt.result = "three days ago"
+    three_days_ago = testing.travel(-3 * 86400)  # and kept for a minute
+    with three_days_ago, inbox.once("evt-8", retention=60, payload={"amount": 5}, **SCOPE) as a:
+        a.result = "three days ago"
     with inbox.once("evt-8b", **SCOPE) as attempt:  # today, kept for RETENTION
         attempt.result = "today"
     report = retention.sweep()
