@@ -229,7 +229,18 @@ def test_idempotent_call_needs_json_arguments_or_a_payload():
 # tests/test_inbox_celery_workers.py.
 
 
-def test_an_idempotent_shared_task_runs_its_body_once_per_key():
+@pytest.fixture
+def eager_app() -> Any:
+    """A Celery app of its own, current while the test runs (other tests change it)."""
+    from celery import Celery, current_app
+
+    previous = current_app._get_current_object()
+    app = Celery("django-idempotency-inbox-eager", set_as_current=True)
+    yield app
+    previous.set_current()
+
+
+def test_an_idempotent_shared_task_runs_its_body_once_per_key(eager_app):
     from django_idempotency.celery_tasks import idempotent_shared_task
 
     runs: list[str] = []
@@ -247,7 +258,7 @@ def test_an_idempotent_shared_task_runs_its_body_once_per_key():
     assert (record.principal, record.endpoint) == ("celery", "task:tests.inbox.charge")
 
 
-def test_a_bound_task_leaves_self_out_of_the_payload_and_retries_in_flight():
+def test_a_bound_task_leaves_self_out_of_the_payload_and_retries_in_flight(eager_app):
     from celery import shared_task
 
     from django_idempotency.celery_tasks import idempotent_task
