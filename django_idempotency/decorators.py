@@ -104,6 +104,8 @@ def idempotent(view: F | None = None, /, **options: Any) -> F | Callable[[F], F]
         using (str | callable): the database of the view's records, an alias or
             ``request -> alias`` (a tenant's shard); it must be the database the
             view writes to (docs/deployment.md).
+        key (callable): ``request -> str | None``, the idempotency key taken from
+            elsewhere in the request (a webhook's event id; docs/inbox.md).
 
     Raises:
         TypeError: an unknown or invalid option, or the decorator applied to a

@@ -11,6 +11,7 @@ from .phases import validate_phases
 from .responses import FORBIDDEN_HEADERS
 
 PrincipalResolver = Callable[[Any], "str | None"]
+KeyExtractor = Callable[[Any], "str | None"]
 ReleasePredicate = Callable[[int], bool]
 
 
@@ -40,6 +41,9 @@ class Options:
             choice such as a tenant's shard; ``None``: the ``DATABASE_RESOLVER``
             setting, then the router (docs/deployment.md). It must be the database
             the view writes to: writes to another one are refused.
+        key: ``callable(request) -> str | None`` (or its dotted path) that takes the
+            idempotency key from elsewhere in the request than ``Idempotency-Key``
+            (a webhook's event id: ``django_idempotency.extractors``, docs/inbox.md).
     """
 
     required: bool | None = None
@@ -54,6 +58,7 @@ class Options:
     release: ReleasePredicate | str | None = None
     phases: tuple[str, ...] = ()
     using: str | Callable[[Any], str] | None = None
+    key: KeyExtractor | str | None = None
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> Options:
@@ -155,6 +160,10 @@ class Options:
         from .databases import for_request
 
         return for_request(request, self.using)
+
+    def get_key_extractor(self) -> KeyExtractor | None:
+        """The view's key extractor (``key=``), or ``None``: the ``Idempotency-Key`` header."""
+        return resolve_callable(self.key)
 
     def should_release(self, status: int) -> bool:
         """Whether a returned ``status`` releases the key instead of being stored.

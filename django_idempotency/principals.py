@@ -10,6 +10,7 @@ one identity and distinct between identities. Configure one with
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import Any
 
 
@@ -42,3 +43,33 @@ def auth_token_principal(request: Any) -> str | None:
     label = meta.label_lower if meta is not None else "credential"
     value = str(auth.pk) if meta is not None else str(auth)
     return f"{label}:{hashlib.sha256(value.encode('utf-8', 'surrogatepass')).hexdigest()}"
+
+
+def signed_principal(name: str, verify: Callable[[Any], bool]) -> Callable[[Any], str | None]:
+    """A fixed principal for one sender, granted only to requests it signed (docs/inbox.md).
+
+    A webhook sender (Stripe, GitHub, a partner's relay) does not log in; it signs
+    each delivery with a secret it shares with you. The resolver this returns gives
+    ``name`` to a request whose signature ``verify`` accepts, and ``None`` (refused
+    with 401/403, before the claim, the view never runs) to every other request, so
+    unauthenticated requests never share the sender's key space: nobody else can
+    claim, replay or block its event ids. Every other view keeps its own resolver;
+    nothing opens anonymous scoping to everyone.
+
+    Args:
+        name: the principal, one per sender (``"webhook:stripe"``); 1 to 255 characters.
+        verify: ``callable(request) -> bool``, true when the request's signature is
+            valid (``django_idempotency.signatures.hmac_signature``, or the sender's
+            SDK). Exceptions it raises propagate.
+
+    Raises:
+        ValueError: ``name`` is empty.
+    """
+    if not name:
+        raise ValueError("signed_principal() needs a non-empty principal name")
+
+    def resolve(request: Any) -> str | None:
+        return name if verify(request) else None
+
+    resolve.__qualname__ = f"signed_principal({name!r})"
+    return resolve

@@ -30,6 +30,10 @@ class ProblemType:
 
 MISSING_KEY = ProblemType("missing-key", 400, "Idempotency-Key header required")
 INVALID_KEY = ProblemType("invalid-key", 400, "Invalid Idempotency-Key header")
+#: The same problems for a key a view's ``key=`` extractor takes from the request (a
+#: webhook's event id, docs/inbox.md): same slugs, titles that name no header.
+MISSING_EXTRACTED_KEY = ProblemType("missing-key", 400, "Idempotency key required")
+INVALID_EXTRACTED_KEY = ProblemType("invalid-key", 400, "Invalid idempotency key")
 UNREADABLE_BODY = ProblemType("unreadable-body", 400, "Request body could not be read")
 BODY_TOO_LARGE = ProblemType("body-too-large", 413, "Request body too large")
 NO_PRINCIPAL = ProblemType("no-principal", 401, "Authentication required for idempotent requests")

@@ -24,7 +24,7 @@ from django.http.multipartparser import MultiPartParserError
 from django.http.request import RawPostDataException
 from django.http.response import HttpResponseBase
 
-from . import fingerprint, operators, problems, signals, store, transactions
+from . import extractors, fingerprint, operators, problems, signals, store, transactions
 from .conf import conf
 from .keys import HEADER, InvalidKey, parse_key
 from .logging import key_hash
@@ -164,6 +164,35 @@ def _no_principal(request: Any) -> Respond:
     return respond
 
 
+def _key(request: Any, http: HttpRequest, options: Options) -> str | Respond | Bypass:
+    """The request's idempotency key: the header, or the view's ``key=`` extractor."""
+    extractor = options.get_key_extractor()
+    max_length = min(conf.max_key_length, _COLUMN)
+    try:
+        if extractor is None:
+            key = parse_key(http.headers.get(HEADER), max_length=max_length)
+        else:
+            key = extractors.extract(extractor, request, max_length=max_length)
+    except InvalidKey as exc:
+        kind = problems.INVALID_KEY if extractor is None else problems.INVALID_EXTRACTED_KEY
+        return _problem(kind, str(exc))
+    if key is not None:
+        return key
+    if not options.get_required():
+        return BYPASS
+    if extractor is not None:
+        return _problem(
+            problems.MISSING_EXTRACTED_KEY,
+            f"This endpoint takes its idempotency key from {extractors.source(extractor)}, "
+            "which the request does not carry.",
+        )
+    return _problem(
+        problems.MISSING_KEY,
+        f"This endpoint requires an {HEADER} header. Generate one key (a UUID) "
+        "per operation and send the same key on every retry of it.",
+    )
+
+
 def begin(
     request: Any, options: Options, *, view_name: str, may_run: bool = True
 ) -> Bypass | Respond | Proceed | CannotRun:
@@ -190,18 +219,9 @@ def begin(
     http: HttpRequest = getattr(request, "_request", request)
     if (http.method or "").upper() in SAFE_METHODS:
         return BYPASS
-    try:
-        key = parse_key(http.headers.get(HEADER), max_length=min(conf.max_key_length, _COLUMN))
-    except InvalidKey as exc:
-        return _problem(problems.INVALID_KEY, str(exc))
-    if key is None:
-        if options.get_required():
-            return _problem(
-                problems.MISSING_KEY,
-                f"This endpoint requires an {HEADER} header. Generate one key (a UUID) "
-                "per operation and send the same key on every retry of it.",
-            )
-        return BYPASS
+    key = _key(request, http, options)
+    if not isinstance(key, str):
+        return key
     principal = options.get_principal()(request)
     if not principal:
         return _no_principal(request)

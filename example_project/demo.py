@@ -6,6 +6,8 @@ What it does:
   2. starts the leasebroker server on 127.0.0.1 (threaded ``runserver``, or gunicorn);
   3. runs a scripted client (demo_client.py) that retries, races and reuses keys,
      printing each request and response and checking what the library promises;
+     then the outbox relay delivers a webhook to the example's own receiver, is killed
+     before marking it sent and redelivers it: the receiver records it once;
   4. prints a summary and stops the server, even when something failed.
 
 Exit code: 0 if every check held, 1 if a check failed, 2 if the server could not be
@@ -15,6 +17,7 @@ set up. Run ``python demo.py --help`` for the options.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import signal
@@ -180,6 +183,46 @@ class Server:
         return "\n".join(text.splitlines()[-lines:])
 
 
+def webhook_redelivery(demo: Demo, env: dict[str, str], base_url: str) -> None:
+    """The outbox relay delivers worker.provisioned to POST /hooks/billing, and redelivers.
+
+    ``manage.py relay_and_crash`` delivers a notice and dies (SIGKILL) before marking
+    it sent; after its 1 s lease, ``manage.py idempotency_relay --once`` delivers the
+    same message again, same dedup key. The receiver takes the dedup key as its
+    idempotency key: one billing event per notice, the second delivery a replay.
+    """
+    relay_env = {**env, "LEASEBROKER_BILLING_URL": f"{base_url}/hooks/billing"}
+    demo.heading("the relay redelivers a webhook; the receiver records it once")
+    crashed = subprocess.run(
+        [sys.executable, "manage.py", "relay_and_crash", "--lease", "1"],
+        cwd=HERE, env=relay_env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    said = crashed.stdout.strip().splitlines()
+    print(f"  relay 1 -> {said[-1] if said else '(no output)'}  (exit {crashed.returncode})")
+    demo.check("the first relay died after delivering", crashed.returncode == -signal.SIGKILL,
+               f"exit {crashed.returncode}: {crashed.stderr[-300:]}")  # fmt: skip
+    dedup_key = said[-1].split()[1] if said and said[-1].startswith("delivered ") else ""
+    status: list[dict[str, object]] = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:  # the first relay's lease ends after 1 s
+        manage(relay_env, "idempotency_relay", "--once")
+        status = json.loads(manage(relay_env, "billing_status"))
+        mine = [m for m in status if m["dedup_key"] == dedup_key]
+        if mine and mine[0]["state"] == "sent":
+            break
+        time.sleep(0.5)
+    mine = [m for m in status if m["dedup_key"] == dedup_key]
+    print(f"  relay 2 -> {json.dumps(mine[0]) if mine else '(message not found)'}")
+    demo.check("the second relay delivered the same message again",
+               bool(mine) and mine[0]["state"] == "sent" and mine[0]["attempts"] == 2,
+               f"{mine}")  # fmt: skip
+    demo.check("the receiver recorded its billing event once",
+               bool(mine) and mine[0]["billing_events"] == 1, f"{mine}")  # fmt: skip
+    sent = [m for m in status if m["state"] == "sent"]
+    demo.check("every delivered notice has exactly one billing event",
+               all(m["billing_events"] == 1 for m in sent), f"{sent}")  # fmt: skip
+
+
 def print_summary(checks: list[Check]) -> bool:
     print("")
     print("== Summary ".ljust(78, "="))
@@ -237,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
         demo = Demo(server.base_url, DEMO_TOKENS, reboot_seconds=args.reboot_seconds)
         try:
             checks = demo.run_all()
+            webhook_redelivery(demo, env, server.base_url)
         finally:
             demo.close()
         passed = print_summary(checks)

@@ -71,6 +71,12 @@ CELERY_TASK_IGNORE_RESULT = True
 LEASEBROKER_NOTIFICATIONS = env(
     "LEASEBROKER_NOTIFICATIONS", default=str(VAR_DIR / "notifications.jsonl")
 )
+# Where the relay delivers worker.provisioned notices: empty, the fake webhook above;
+# a URL (this server's /hooks/billing), over HTTP, signed (workers/billing.py).
+LEASEBROKER_BILLING_URL = env("LEASEBROKER_BILLING_URL", default="")
+LEASEBROKER_WEBHOOK_SECRET = env(
+    "LEASEBROKER_WEBHOOK_SECRET", default="leasebroker-demo-webhook-secret"
+)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE = {
     # Deliver due outbox messages (the on-commit kick usually got there first).

@@ -101,3 +101,16 @@ class Lease(models.Model):
 
     def __str__(self) -> str:
         return f"lease on {self.worker_id} until {self.expires_at:%Y-%m-%d %H:%M}"
+
+
+class BillingEvent(models.Model):
+    """A ``worker.provisioned`` notice as the billing receiver (``POST /hooks/billing``) took it.
+
+    The receiver is protected by the event id the relay sends (the outbox dedup key),
+    so a redelivered notice adds no second row; there is deliberately no unique
+    constraint here to do that job instead.
+    """
+
+    event_id = models.CharField(max_length=255)
+    worker_id = models.CharField(max_length=16)
+    received_at = models.DateTimeField(default=timezone.now)

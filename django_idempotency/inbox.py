@@ -1,0 +1,351 @@
+"""The inbox: run any callable once per idempotency key, outside HTTP (docs/inbox.md).
+
+The same protocol as a view, through the same store: claim the scope (principal,
+endpoint, key) in its own short transaction, run the body in ``transaction.atomic()``
+on the record's database, and complete the record in that transaction, fenced by the
+owner token, with the body's result stored as JSON. A second call with the same key
+does not run the body and gets the stored result; a call while the first still holds
+its lease gets :class:`InFlight`; a call with the same key and another payload gets
+:class:`KeyReused`. An exception rolls the body back and releases the key, so a retry
+runs it again. A crash (the process killed mid-body) leaves a claim whose lease runs
+out, and the next call with the key takes it over. Records are swept after their
+retention window like a view's (docs/retention.md).
+
+* :func:`once`, a context manager, for a block: ``with once(key, ...) as attempt``;
+* :func:`idempotent_call`, a decorator, for a function whose arguments carry the key;
+* ``django_idempotency.celery_tasks`` builds Celery tasks on :func:`idempotent_call`.
+
+Inside the body, ``django_idempotency.context.current()`` is the attempt's context
+(``extend_lease()``, ``derive_key()``; ``outbox.enqueue`` links its messages to the
+record and derives their dedup keys from it), as in a view.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import wraps
+from typing import Any, TypeVar
+
+from django.db import DatabaseError, InterfaceError, transaction
+
+from . import extractors, signals, store
+from .conf import conf
+from .context import IdempotencyContext
+from .logging import key_hash
+from .protocol import _fit
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: Version tag of the payload fingerprint (never equal to a request's, which starts fp1).
+_FINGERPRINT_TAG = b"inbox1\x00"
+#: What a stored result looks like in the record (its ``response_*`` columns).
+_RESULT_STATUS = 200
+_RESULT_HEADERS = [("Content-Type", "application/json")]
+_COLUMN = 255
+
+
+class InFlight(RuntimeError):
+    """Another call with this key holds a live lease: its body is running now.
+
+    Attributes:
+        retry_after: seconds until that lease ends (then a call takes it over, or
+            finds the stored result).
+    """
+
+    def __init__(self, endpoint: str, retry_after: float) -> None:
+        super().__init__(
+            f"{endpoint}: a call with this idempotency key is in progress; retry after "
+            f"{retry_after:.1f} s with the same key to get its result"
+        )
+        self.endpoint = endpoint
+        self.retry_after = max(0.0, retry_after)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled by Celery's result backends
+        return (type(self), (self.endpoint, self.retry_after))
+
+
+class KeyReused(ValueError):
+    """The key was already used with a different payload (the 422 of a view)."""
+
+
+class UnstorableResult(TypeError):
+    """The body's result cannot be stored: not JSON, or over ``MAX_RESPONSE_BYTES``.
+
+    Raised inside the body's transaction, so the body's writes roll back and the key
+    is released: nothing was done, as if the body had raised.
+    """
+
+
+class Attempt:
+    """What ``with once(...) as attempt`` gives the block.
+
+    Attributes:
+        done: ``True`` when an earlier call with this key completed: the block must
+            not do the work again (``if attempt.done: return attempt.result``).
+        result: the stored result when ``done``; otherwise set it in the block, and
+            it is stored (JSON) when the block ends without an exception.
+        context: the attempt's ``IdempotencyContext`` (``None`` when ``done``).
+    """
+
+    def __init__(self, *, done: bool, result: Any, context: IdempotencyContext | None) -> None:
+        self.done = done
+        self.result = result
+        self.context = context
+
+    @property
+    def taken_over(self) -> bool:
+        """Whether this attempt took over the expired claim of a crashed earlier one."""
+        return self.context is not None and self.context.taken_over
+
+    def extend_lease(self, seconds: float | None = None) -> bool:
+        """Heartbeat for a long body (``IdempotencyContext.extend_lease``); ``True`` if done."""
+        return True if self.context is None else self.context.extend_lease(seconds)
+
+
+def payload_fingerprint(payload: Any) -> str:
+    """SHA-256 (64 hex characters) of ``payload`` as canonical JSON (sorted keys).
+
+    Raises:
+        TypeError: ``payload`` is not JSON (a model instance, a set, ``NaN``...).
+    """
+    try:
+        text = json.dumps(payload, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            f"the payload that fingerprints this call is not JSON ({exc}); pass "
+            "payload= with the JSON data that identifies the work"
+        ) from None
+    return hashlib.sha256(_FINGERPRINT_TAG + text.encode()).hexdigest()
+
+
+def encode_result(result: Any) -> bytes:
+    """``result`` as the JSON bytes stored in the record.
+
+    Raises:
+        UnstorableResult: not JSON (``NaN`` and infinities included), or longer than
+            the ``MAX_RESPONSE_BYTES`` setting.
+    """
+    try:
+        body = json.dumps(result, separators=(",", ":"), allow_nan=False).encode()
+    except (TypeError, ValueError) as exc:
+        raise UnstorableResult(
+            f"the result {type(result).__name__} cannot be stored as JSON ({exc}); "
+            "return JSON data (dicts, lists, strings, numbers, booleans, None)"
+        ) from None
+    limit = conf.max_response_bytes
+    if limit is not None and len(body) > limit:
+        raise UnstorableResult(
+            f"the result is {len(body)} bytes of JSON; MAX_RESPONSE_BYTES allows {limit}. "
+            "Store large results elsewhere and return their id"
+        )
+    return body
+
+
+def _kw(scope: store.Scope) -> dict[str, str]:
+    return {
+        "principal": scope.principal,
+        "endpoint": scope.endpoint,
+        "key_hash": key_hash(scope.key),
+    }
+
+
+def _release(claim: store.Claim) -> None:
+    try:
+        store.release(claim)
+    except (DatabaseError, InterfaceError):  # the lease runs out instead; keep the cause
+        return
+    signals.released.send(claim.scope.endpoint, status=None, **_kw(claim.scope))
+
+
+@contextmanager
+def once(
+    key: str,
+    *,
+    principal: str,
+    endpoint: str,
+    payload: Any = None,
+    lease: float | None = None,
+    retention: float | None = None,
+    using: str | None = None,
+) -> Iterator[Attempt]:
+    """Run the block at most once per key, its writes and the result committed together.
+
+    Python cannot skip a ``with`` body, so the block checks ``attempt.done``::
+
+        with once(event["id"], principal="webhook:billing", endpoint="billing.apply",
+                  payload=event) as attempt:
+            if attempt.done:
+                return attempt.result
+            invoice = apply(event)
+            attempt.result = {"invoice": invoice.pk}
+
+    Args:
+        key: the idempotency key, 1 to 255 printable ASCII characters (an event id).
+        principal: who the key belongs to (``"webhook:billing"``); keys of two
+            principals never meet.
+        endpoint: which operation (``"task:billing.apply"``); with the principal and
+            the key, it names the record.
+        payload: JSON data identifying the work; the same key with another payload
+            raises :class:`KeyReused`. ``None`` by default.
+        lease: seconds a running block holds off duplicates (default ``LEASE``);
+            after it, a crashed block's key is taken over by the next call.
+        retention: seconds the result is kept and returned (default ``RETENTION``).
+        using: the records' database alias (default: the router's choice); the block
+            runs in a transaction on it.
+
+    Raises:
+        extractors.InvalidKey: the key, principal or endpoint is unusable.
+        TypeError: the payload is not JSON.
+        KeyReused: the key was used with another payload.
+        InFlight: another call with the key is running (its lease is live).
+        UnstorableResult: the block's ``attempt.result`` cannot be stored (rolled back).
+        store.LeaseLost: the lease ran out and another call took the key over while
+            the block ran (rolled back).
+        django.db.DatabaseError: the store failed (nothing claimed, or rolled back).
+        Whatever the block raised, after rolling back and releasing the key.
+    """
+    max_length = min(conf.max_key_length, _COLUMN)
+    key = extractors.check_key(key, where="the key argument", max_length=max_length)
+    if not principal or not isinstance(principal, str):
+        raise extractors.InvalidKey("once() needs a principal: a non-empty string")
+    if not endpoint or not isinstance(endpoint, str):
+        raise extractors.InvalidKey("once() needs an endpoint: a non-empty string")
+    scope = store.Scope(_fit(principal), _fit(endpoint), key)
+    fp = payload_fingerprint(payload)
+    lease = conf.lease if lease is None else float(lease)
+    retention = conf.retention if retention is None else float(retention)
+    using = using or store.database_for_write()
+    found = store.claim(scope, fp, lease=lease, retention=retention, using=using)
+    if isinstance(found, store.Existing):
+        if found.fingerprint != fp:
+            signals.mismatched.send(scope.endpoint, **_kw(scope))
+            raise KeyReused(
+                f"{scope.endpoint}: this idempotency key was already used with a different "
+                "payload; use a new key for new work"
+            )
+        if found.response is None:
+            signals.in_flight.send(scope.endpoint, **_kw(scope))
+            raise InFlight(scope.endpoint, found.lease_remaining)
+        signals.replayed.send(scope.endpoint, status=found.response.status, **_kw(scope))
+        stored = json.loads(found.response.body) if found.response.replayable else None
+        yield Attempt(done=True, result=stored, context=None)
+        return
+    claim = found
+    signals.claimed.send(scope.endpoint, taken_over=claim.taken_over, **_kw(scope))
+    context = IdempotencyContext(claim, lease=lease)
+    attempt = Attempt(done=False, result=None, context=context)
+    try:
+        with context.activated(), transaction.atomic(using=using):
+            yield attempt
+            body = encode_result(attempt.result)
+            attempt.result = json.loads(body)  # what every later call gets, too
+            store.complete(claim, store.StoredResponse(_RESULT_STATUS, _RESULT_HEADERS, body))
+    except store.LeaseLost:
+        signals.fenced.send(scope.endpoint, **_kw(scope))
+        raise
+    except BaseException:
+        _release(claim)
+        raise
+    signals.completed.send(scope.endpoint, status=_RESULT_STATUS, **_kw(scope))
+
+
+ArgsCallable = Callable[..., Any]
+
+
+def _arguments(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The call's arguments by name (defaults applied), a bound ``self`` left out."""
+    bound = inspect.signature(func).bind(*args, **kwargs)
+    bound.apply_defaults()
+    values = dict(bound.arguments)
+    params = list(inspect.signature(func).parameters)
+    if params and params[0] == "self":
+        values.pop("self", None)
+    return values
+
+
+def _pick(
+    value: str | ArgsCallable,
+    func: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    what: str,
+) -> Any:
+    if callable(value):
+        return value(*args, **kwargs)
+    arguments = _arguments(func, args, kwargs)
+    if value not in arguments:
+        raise TypeError(f"{what}={value!r}: {func.__qualname__} has no argument {value!r}")
+    return arguments[value]
+
+
+def idempotent_call(
+    *,
+    key: str | ArgsCallable,
+    principal: str | ArgsCallable,
+    endpoint: str | None = None,
+    payload: ArgsCallable | None = None,
+    lease: float | None = None,
+    retention: float | None = None,
+    using: str | None = None,
+) -> Callable[[F], F]:
+    """Make a function run its body at most once per key; later calls get its result.
+
+    ::
+
+        @idempotent_call(key="event_id", principal="consumer:invoices")
+        def apply_invoice_event(event_id: str, amount: int) -> dict:
+            ...
+
+    Args:
+        key: the name of the argument holding the idempotency key, or
+            ``callable(*args, **kwargs) -> str``.
+        principal: a fixed principal, or ``callable(*args, **kwargs) -> str``
+            (a plain string is always the principal itself, never an argument name).
+        endpoint: the operation's name (default ``"call:<module>.<qualname>"``);
+            renaming the function changes the default, so pin it for records that
+            must outlive a rename.
+        payload: ``callable(*args, **kwargs) -> JSON`` identifying the work (default:
+            the arguments by name, which must then be JSON); the same key with another
+            payload raises :class:`KeyReused`.
+        lease: seconds a running body holds off duplicates (as for :func:`once`).
+        retention: seconds the result is kept and returned (as for :func:`once`).
+        using: the records' database alias (as for :func:`once`).
+
+    The decorated function returns its result as stored, after a JSON round trip
+    (a tuple comes back as a list), the same on the first call and on every later one.
+
+    Raises:
+        The errors of :func:`once`; ``TypeError`` for a ``key`` naming no argument.
+    """
+
+    def decorator(func: F) -> F:
+        name = endpoint or f"call:{func.__module__}.{func.__qualname__}"
+
+        @wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            the_key = _pick(key, func, args, kwargs, "key")
+            if isinstance(the_key, int) and not isinstance(the_key, bool):
+                the_key = str(the_key)  # an integer id is its decimal digits
+            who = principal(*args, **kwargs) if callable(principal) else principal
+            data = payload(*args, **kwargs) if payload else _arguments(func, args, kwargs)
+            with once(
+                the_key,
+                principal=who,
+                endpoint=name,
+                payload=data,
+                lease=lease,
+                retention=retention,
+                using=using,
+            ) as attempt:
+                if not attempt.done:
+                    attempt.result = func(*args, **kwargs)
+            return attempt.result
+
+        wrapper._idempotency_endpoint = name  # type: ignore[attr-defined]
+        return wrapper  # type: ignore[return-value]
+
+    return decorator

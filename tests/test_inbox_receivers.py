@@ -1,0 +1,205 @@
+"""Webhook receivers: the key from a body field or another header, the principal from a
+verified signature (docs/inbox.md). The rest is the protocol of every view: one
+execution, replay, 422 on another payload under the same event id, 409 in flight."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import pytest
+from django.db import connections
+from django.test import Client
+
+from django_idempotency.conf import conf
+from django_idempotency.models import IdempotencyRecord
+from django_idempotency.signatures import sign
+from tests.testapp.models import Widget
+from tests.webhook_app import SECRET
+
+pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.webhook_app")]
+
+
+def deliver(
+    path: str,
+    event: dict[str, Any],
+    *,
+    secret: str = SECRET,
+    signature_header: str = "HTTP_X_TEST_SIGNATURE",
+    **headers: str,
+) -> Any:
+    body = json.dumps(event).encode()
+    headers.setdefault(signature_header, sign(secret, body))
+    return Client().post(path, body, content_type="application/json", **headers)  # fmt: skip
+
+
+def slug(response: Any) -> str:
+    assert response["Content-Type"] == "application/problem+json"
+    return str(json.loads(response.content)["type"]).removeprefix(conf.problem_type_base)
+
+
+EVENT = {"id": "evt_1Nq", "type": "charge.succeeded", "data": {"amount": 1200}}
+
+
+def test_a_stripe_style_event_id_in_the_body_runs_once_and_replays():
+    first = deliver("/hooks/stripe", EVENT)
+    assert first.status_code == 201 and "Idempotent-Replayed" not in first
+    again = deliver("/hooks/stripe", {**EVENT})  # the sender's redelivery
+    assert again.status_code == 201 and again["Idempotent-Replayed"] == "true"
+    assert again.content == first.content
+    assert Widget.objects.count() == 1
+    record = IdempotencyRecord.objects.get()
+    assert (record.principal, record.key) == ("webhook:stripe", "evt_1Nq")
+    assert record.endpoint == "POST /hooks/stripe"
+
+
+def test_the_same_event_id_with_another_payload_is_422():
+    assert deliver("/hooks/stripe", EVENT).status_code == 201
+    changed = deliver("/hooks/stripe", {**EVENT, "data": {"amount": 9999}})
+    assert changed.status_code == 422 and slug(changed) == "key-reused"
+    assert Widget.objects.get().size == 1200
+
+
+def test_a_github_style_delivery_header_is_the_key():
+    headers = {"HTTP_X_GITHUB_DELIVERY": "72d3162e-cc78-11e3-81ab-4c9367dc0958"}
+    body = {"action": "opened"}
+    sig = {"signature_header": "HTTP_X_HUB_SIGNATURE_256"}
+    first = deliver("/hooks/github", body, **sig, **headers)
+    again = deliver("/hooks/github", body, **sig, **headers)
+    assert (first.status_code, again.status_code) == (202, 202)
+    assert again["Idempotent-Replayed"] == "true" and Widget.objects.count() == 1
+    other = deliver("/hooks/github", body, **sig, HTTP_X_GITHUB_DELIVERY="another-delivery")
+    assert other.status_code == 202 and "Idempotent-Replayed" not in other
+    assert Widget.objects.count() == 2
+
+
+def test_an_idempotency_key_header_is_ignored_where_the_key_comes_from_the_body():
+    first = deliver("/hooks/stripe", EVENT, HTTP_IDEMPOTENCY_KEY="k1")
+    again = deliver("/hooks/stripe", EVENT, HTTP_IDEMPOTENCY_KEY="k2")
+    assert again["Idempotent-Replayed"] == "true" and first.status_code == 201
+    assert IdempotencyRecord.objects.get().key == "evt_1Nq"
+
+
+def test_a_drf_receiver_reads_a_nested_body_field():
+    event = {"data": {"event_id": "msg_2b"}}
+    first = deliver("/hooks/drf", event)
+    again = deliver("/hooks/drf", event)
+    assert first.status_code == 201 and again["Idempotent-Replayed"] == "true"
+    assert Widget.objects.count() == 1
+
+
+def test_a_combined_key_joins_its_parts():
+    first = deliver("/hooks/combined", EVENT, HTTP_X_SOURCE="eu")
+    other_source = deliver("/hooks/combined", EVENT, HTTP_X_SOURCE="us")
+    assert first.status_code == other_source.status_code == 201
+    assert sorted(IdempotencyRecord.objects.values_list("key", flat=True)) == [
+        "eu:evt_1Nq",
+        "us:evt_1Nq",
+    ]
+    missing = deliver("/hooks/combined", EVENT)
+    assert missing.status_code == 400 and slug(missing) == "missing-key"
+    assert "X-Source header" in json.loads(missing.content)["detail"]
+
+
+@pytest.mark.parametrize(
+    ("body", "detail"),
+    [
+        (b"not json", "is not JSON"),
+        (b"[1, 2]", "no JSON object"),
+        (b'{"id": {"nested": 1}}', "must be a string"),
+        (b'{"id": ""}', "is empty"),
+        (b'{"id": true}', "must be a string"),
+        ('{"id": "caf\u00e9"}'.encode(), "printable ASCII"),
+        (json.dumps({"id": "x" * 300}).encode(), "characters long"),
+    ],
+)
+def test_an_unusable_extracted_key_is_a_400_invalid_key(body, detail):
+    response = Client().post("/hooks/stripe", body, content_type="application/json",
+                             HTTP_X_TEST_SIGNATURE=sign(SECRET, body))  # fmt: skip
+    assert response.status_code == 400 and slug(response) == "invalid-key"
+    problem = json.loads(response.content)
+    assert detail in problem["detail"] and "'id' field" in problem["detail"]
+    assert problem["title"] == "Invalid idempotency key"
+    assert Widget.objects.count() == 0 and IdempotencyRecord.objects.count() == 0
+
+
+def test_a_missing_extracted_key_is_a_400_missing_key():
+    response = deliver("/hooks/stripe", {"type": "ping"})
+    assert response.status_code == 400 and slug(response) == "missing-key"
+    problem = json.loads(response.content)
+    assert problem["title"] == "Idempotency key required"
+    assert "'id' field of the JSON body" in problem["detail"]
+    assert Widget.objects.count() == 0
+
+
+def test_an_integer_event_id_is_its_digits():
+    response = deliver("/hooks/stripe", {**EVENT, "id": 4711})
+    assert response.status_code == 201 and IdempotencyRecord.objects.get().key == "4711"
+
+
+def test_an_extractor_that_raises_lookup_error_is_a_400_not_a_500():
+    response = deliver("/hooks/dotted", EVENT)
+    assert response.status_code == 400 and slug(response) == "invalid-key"
+    assert "KeyError" in json.loads(response.content)["detail"]
+
+
+def test_an_optional_extracted_key_that_is_absent_runs_unprotected():
+    response = deliver("/hooks/optional", EVENT)
+    assert response.status_code == 201 and IdempotencyRecord.objects.count() == 0
+
+
+@pytest.mark.parametrize("secret", ["wrong-secret", ""])
+def test_an_unsigned_or_badly_signed_delivery_is_refused_before_the_claim(secret):
+    if secret:
+        response = deliver("/hooks/stripe", EVENT, secret=secret)
+    else:
+        response = Client().post("/hooks/stripe", json.dumps(EVENT),
+                                 content_type="application/json")  # fmt: skip
+    assert response.status_code == 403 and slug(response) == "no-principal"
+    assert Widget.objects.count() == 0 and IdempotencyRecord.objects.count() == 0
+
+
+def test_a_forged_delivery_cannot_read_the_senders_stored_response():
+    assert deliver("/hooks/stripe", EVENT).status_code == 201
+    forged = deliver("/hooks/stripe", EVENT, secret="guess")
+    assert forged.status_code == 403 and b"widget" not in forged.content
+
+
+def test_a_signature_over_another_body_is_refused():
+    body = json.dumps(EVENT).encode()
+    response = Client().post("/hooks/stripe", body.replace(b"1200", b"1300"),
+                             content_type="application/json",
+                             HTTP_X_TEST_SIGNATURE=sign(SECRET, body))  # fmt: skip
+    assert response.status_code == 403
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_redelivery_while_the_first_runs_gets_409(gate):
+    """Two deliveries of one event at once: one runs, the other gets 409 in flight."""
+    name, the_gate = gate
+    event = {"id": "evt_slow", "data": {"amount": 1}}
+    body = json.dumps(event).encode()
+    results: dict[str, int] = {}
+
+    def first() -> None:
+        try:
+            results["first"] = Client().post(
+                "/hooks/slow", body, content_type="application/json",
+                HTTP_X_TEST_SIGNATURE=sign(SECRET, body), HTTP_X_GATE=name,
+            ).status_code  # fmt: skip
+        finally:
+            connections.close_all()  # this thread's own connection
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    try:
+        assert the_gate.entered.wait(10)
+        duplicate = Client().post("/hooks/slow", body, content_type="application/json",
+                                  HTTP_X_TEST_SIGNATURE=sign(SECRET, body))  # fmt: skip
+        assert duplicate.status_code == 409 and slug(duplicate) == "request-in-flight"
+    finally:
+        the_gate.opened.set()
+        thread.join(10)
+    assert results["first"] == 201 and Widget.objects.count() == 1
