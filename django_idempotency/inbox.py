@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError, InterfaceError, transaction
 
-from . import extractors, signals, store
+from . import extractors, signals, store, write_guard
 from .conf import conf
 from .context import IdempotencyContext
 from .logging import key_hash
@@ -195,7 +195,8 @@ def once(
             after it, a crashed block's key is taken over by the next call.
         retention: seconds the result is kept and returned (default ``RETENTION``).
         using: the records' database alias (default: the router's choice); the block
-            runs in a transaction on it.
+            runs in a transaction on it, and its writes to any other database are
+            refused (``write_guard.CrossDatabaseWrite``, docs/deployment.md).
 
     Raises:
         extractors.InvalidKey: the key, principal or endpoint is unusable.
@@ -203,6 +204,8 @@ def once(
         KeyReused: the key was used with another payload.
         InFlight: another call with the key is running (its lease is live).
         UnstorableResult: the block's ``attempt.result`` cannot be stored (rolled back).
+        write_guard.CrossDatabaseWrite: the block wrote to another database than
+            ``using`` (rolled back, key released).
         store.LeaseLost: the lease ran out and another call took the key over while
             the block ran (rolled back).
         django.db.DatabaseError: the store failed (nothing claimed, or rolled back).
@@ -239,8 +242,13 @@ def once(
     context = IdempotencyContext(claim, lease=lease)
     attempt = Attempt(done=False, result=None, context=context)
     try:
-        with context.activated(), transaction.atomic(using=using):
+        with (
+            context.activated(),
+            transaction.atomic(using=using),
+            write_guard.guard(scope.endpoint, scope.endpoint, using, kind="block") as guard,
+        ):
             yield attempt
+            guard.check()  # a refused write the body caught still fails the attempt
             body = encode_result(attempt.result)
             attempt.result = json.loads(body)  # what every later call gets, too
             store.complete(claim, store.StoredResponse(_RESULT_STATUS, _RESULT_HEADERS, body))

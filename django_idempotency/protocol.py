@@ -146,7 +146,12 @@ def _fingerprint(request: Any, http: HttpRequest, options: Options) -> str | Res
         )
 
 
-def _no_principal(request: Any) -> Respond:
+def _key_name(options: Options) -> str:
+    """What the client calls the key, for messages: the header, or the view's own key."""
+    return HEADER if options.key is None else "idempotency key (event id)"
+
+
+def _no_principal(request: Any, options: Options) -> Respond:
     """401 with the view's ``WWW-Authenticate`` challenge (DRF), else 403, as DRF does."""
     challenge = None
     for authenticator in getattr(request, "authenticators", None) or ():
@@ -154,8 +159,8 @@ def _no_principal(request: Any) -> Respond:
         if challenge:
             break
     detail = (
-        f"Requests with an {HEADER} must be authenticated, so that one client's key "
-        "never collides with another's. Authenticate and retry."
+        f"Requests with an {_key_name(options)} must be authenticated, so that one "
+        "client's key never collides with another's. Authenticate and retry."
     )
     if not challenge:
         return _problem(problems.NO_PRINCIPAL_FORBIDDEN, detail)
@@ -224,7 +229,7 @@ def begin(
         return key
     principal = options.get_principal()(request)
     if not principal:
-        return _no_principal(request)
+        return _no_principal(request, options)
     fp = _fingerprint(request, http, options)
     if isinstance(fp, Respond):
         return fp
@@ -274,8 +279,8 @@ def _claim(
             signals.mismatched.send(scope.endpoint, **signal_kwargs)
             return _problem(
                 problems.KEY_REUSED,
-                f"This {HEADER} was already used for a different request (method, path, "
-                "query or body differ). Use a new key for a new operation.",
+                f"This {_key_name(options)} was already used for a different request "
+                "(method, path, query or body differ). Use a new key for a new operation.",
             )
         if result.response is not None:
             signals.replayed.send(scope.endpoint, status=result.response.status, **signal_kwargs)

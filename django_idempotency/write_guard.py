@@ -63,16 +63,18 @@ class CrossDatabaseWrite(RuntimeError):
     make the view phased (docs/deployment.md, "Several databases").
     """
 
-    def __init__(self, view: str, endpoint: str, record_database: str, database: str) -> None:
+    def __init__(
+        self, view: str, endpoint: str, record_database: str, database: str, kind: str = "view"
+    ) -> None:
         self.view, self.endpoint = view, endpoint
         self.record_database, self.database = record_database, database
         super().__init__(
-            f"The idempotent view {view} ({endpoint}) wrote to database {database!r}, but "
+            f"The idempotent {kind} {view} ({endpoint}) wrote to database {database!r}, but "
             f"its idempotency record is in database {record_database!r}. That write would "
             "commit or roll back apart from the record, so a retry could run it twice or "
-            "replay a result that was never kept: it was refused, and the view's "
+            f"replay a result that was never kept: it was refused, and the {kind}'s "
             f"transaction on {record_database!r} rolled back. Keep the record where the "
-            f"view writes: using={database!r} on the view, IDEMPOTENCY['DATABASE_RESOLVER'] "
+            f"{kind} writes: using={database!r}, IDEMPOTENCY['DATABASE_RESOLVER'] "
             "or a router sending IdempotencyRecord there (docs/deployment.md); or list "
             f"{database!r} in IDEMPOTENCY['UNGUARDED_DATABASES'] to accept its writes "
             "unprotected."
@@ -82,8 +84,9 @@ class CrossDatabaseWrite(RuntimeError):
 class WriteGuard:
     """The execute wrapper installed on the other databases while a view runs."""
 
-    def __init__(self, view: str, endpoint: str, record_database: str) -> None:
+    def __init__(self, view: str, endpoint: str, record_database: str, kind: str) -> None:
         self.view, self.endpoint, self.record_database = view, endpoint, record_database
+        self.kind = kind
         self.refused: CrossDatabaseWrite | None = None
 
     def __call__(
@@ -97,7 +100,9 @@ class WriteGuard:
         """Run the statement, unless it writes (then raise :class:`CrossDatabaseWrite`)."""
         if writes(sql):
             alias = context["connection"].alias
-            error = CrossDatabaseWrite(self.view, self.endpoint, self.record_database, alias)
+            error = CrossDatabaseWrite(
+                self.view, self.endpoint, self.record_database, alias, self.kind
+            )
             if self.refused is None:
                 self.refused = error
                 logger.error("%s", error, extra={"endpoint": self.endpoint})
@@ -121,18 +126,21 @@ def guarded_aliases(record_database: str) -> list[str]:
 
 
 @contextmanager
-def guard(view: str, endpoint: str, record_database: str) -> Iterator[WriteGuard]:
+def guard(
+    view: str, endpoint: str, record_database: str, *, kind: str = "view"
+) -> Iterator[WriteGuard]:
     """Refuse writes to every other database (this thread's connections) in the block.
 
     Args:
-        view: the view's dotted name, for the message.
-        endpoint: the record's endpoint (``"POST /v1/orders"``).
+        view: the view's (or task's, function's) dotted name, for the message.
+        endpoint: the record's endpoint (``"POST /v1/orders"``, ``"task:billing.apply"``).
         record_database: the alias holding the record; its statements pass.
+        kind: what runs, for the message: ``"view"``, ``"block"``.
 
     Yields:
         The :class:`WriteGuard`; call its ``check()`` before completing.
     """
-    write_guard = WriteGuard(view, endpoint, record_database)
+    write_guard = WriteGuard(view, endpoint, record_database, kind)
     with ExitStack() as stack:
         for alias in guarded_aliases(record_database):
             stack.enter_context(connections[alias].execute_wrapper(write_guard))

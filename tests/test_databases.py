@@ -353,6 +353,23 @@ def test_statements_that_do_not_write(sql: str):
     assert not writes(sql)
 
 
+def test_a_plain_callables_block_refuses_writes_elsewhere_too():
+    from django_idempotency import inbox
+
+    key = str(uuid.uuid4())
+    for _ in range(2):
+        with (
+            pytest.raises(CrossDatabaseWrite, match="idempotent block task:import"),
+            inbox.once(key, principal=PRINCIPAL, endpoint="task:import", using="shard"),
+        ):
+            Widget.objects.using("default").create(name="elsewhere")
+    assert widgets("default") == 0 and records("shard") == 0  # released, nothing kept
+    with inbox.once(key, principal=PRINCIPAL, endpoint="task:import", using="shard") as attempt:
+        assert not attempt.done
+        attempt.result = {"id": Widget.objects.using("shard").create(name="here").pk}
+    assert records("shard") == 1 and widgets("shard") == 1
+
+
 # --- the sweeper and the relay cover every database ----------------------------------
 
 
