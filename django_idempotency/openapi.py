@@ -93,9 +93,11 @@ def policy(options: Options) -> dict[str, Any]:
     within it replays the first response; after it, the key is new).
     ``leaseSeconds``: how long an unfinished request holds its key (duplicates get 409)
     before a retry may take it over. ``required``: whether a request needs a key.
+    ``header``: ``Idempotency-Key``, or ``null`` when the view takes its key from
+    elsewhere in the request (``key=``, a webhook's event id: docs/inbox.md).
     """
     return {
-        "header": HEADER,
+        "header": HEADER if options.key is None else None,
         "required": options.get_required(),
         "retentionSeconds": options.get_retention(),
         "leaseSeconds": options.get_lease(),
@@ -120,7 +122,7 @@ class IdempotentSchemaMixin:
         """The view's parameters plus ``Idempotency-Key`` on a protected operation."""
         parameters: list[Any] = list(super().get_override_parameters())  # type: ignore[misc]
         options = self.idempotency_options()
-        if options is None:
+        if options is None or options.key is not None:  # key= reads its own field
             return parameters
         required = options.get_required()
         parameters.insert(

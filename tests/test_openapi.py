@@ -58,6 +58,11 @@ def build_views():
         def post(self, request, pk):
             return Response()
 
+    @api_view(["POST"])
+    @idempotent(key=lambda request: request.headers.get("X-GitHub-Delivery"))
+    def receiver(request):
+        return Response(status=202)
+
     class WidgetViewSet(IdempotentMixin, viewsets.ModelViewSet):
         queryset = Widget.objects.all()
         serializer_class = WidgetSerializer
@@ -82,6 +87,7 @@ def build_views():
         path("above", above),
         path("optional", optional),
         path("widgets/<int:pk>/reboot", RebootView.as_view()),
+        path("hooks/github", receiver),
         *router.urls,
     ]
 
@@ -134,6 +140,13 @@ def test_apiview_method_and_viewset_mixin_actions(schema):
     assert_unprotected(paths["/vs/widgets/"]["get"])
     # a decorated action keeps its own options, whatever idempotent_actions says
     assert_protected(paths["/vs/widgets/{id}/"]["delete"], required=False)
+
+
+def test_a_receiver_with_its_own_key_declares_no_idempotency_key_header(schema):
+    operation = schema["paths"]["/hooks/github"]["post"]
+    assert header(operation) is None
+    assert operation["x-idempotency"]["header"] is None
+    assert "409" in operation["responses"] and "422" in operation["responses"]
 
 
 def test_problem_component(schema):
