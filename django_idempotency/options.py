@@ -35,6 +35,9 @@ class Options:
         phases: the names of the view's atomic phases, in order
             (docs/phases.md). Non-empty: the view runs outside one transaction and
             each ``request.idempotency.phase(name)`` block commits on its own.
+        heartbeat: extend the lease from a background thread every third of it
+            while the view runs (``None``: the ``HEARTBEAT`` setting;
+            docs/robustness.md#automatic-heartbeat).
     """
 
     required: bool | None = None
@@ -48,6 +51,7 @@ class Options:
     endpoint: str | None = None
     release: ReleasePredicate | str | None = None
     phases: tuple[str, ...] = ()
+    heartbeat: bool | None = None
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> Options:
@@ -115,6 +119,10 @@ class Options:
     def get_wait(self) -> float:
         """Effective in-flight wait, seconds."""
         return conf.wait if self.wait is None else float(self.wait)
+
+    def get_heartbeat(self) -> bool:
+        """Effective ``heartbeat``: the view's choice, else the ``HEARTBEAT`` setting."""
+        return conf.heartbeat if self.heartbeat is None else bool(self.heartbeat)
 
     def get_replay_headers(self) -> Iterable[str]:
         """Extra replayed headers: the setting's plus the view's."""
