@@ -13,45 +13,93 @@ _T = "django_idempotency_record"
 #: The end of a new claim's retention window: never before its lease ends.
 _WINDOW_END = f"{_NOW} + GREATEST(%(retention)s, %(lease)s) * interval '1 second'"
 
+#: Seed of ``hashtextextended`` for a record's presence lock: a session-level advisory
+#: lock (one-bigint form) the owner's session holds from its claim to its completion
+#: or release (docs/robustness.md#owner-presence). The partitioned table's scope lock
+#: uses the same form with another seed, so the two never meet.
+PRESENCE_SEED = 5211797480323874816
+
+
+def presence_key(prefix: str = "") -> str:
+    """SQL of a scope's presence lock key: parameters (``prefix=""``) or columns."""
+    if prefix == "":
+        parts = "%(principal)s || chr(31) || %(endpoint)s || chr(31) || %(key)s"
+    else:
+        parts = f"{prefix}principal || chr(31) || {prefix}endpoint || chr(31) || {prefix}key"
+    return f"hashtextextended({parts}, {PRESENCE_SEED})"
+
+
+_KEY = presence_key()
+#: The owner's pid when this session may hold the presence lock: it takes a
+#: transaction-level lock first (released with the statement's transaction, so a
+#: statement that ends up not owning the record keeps nothing), then the session lock
+#: once the row is surely its own (reentrant: it cannot wait).
+_TAKE = f"CASE WHEN %(take)s AND pg_try_advisory_xact_lock({_KEY}) THEN pg_backend_pid() END"
+_HOLD = f"CASE WHEN owner_pid IS NOT NULL THEN pg_try_advisory_lock({_KEY}) ELSE false END"
+
 #: The claim: one statement, one round trip.
 #:
 #: The INSERT either creates the row, and the first SELECT returns it (``won``), or
-#: hits the unique constraint and does nothing; the second SELECT then returns the row
-#: it collided with, so a replay, a 409 or a 422 costs this one statement too. When
-#: the colliding row committed after this statement's snapshot was taken, neither
-#: SELECT returns a row and the caller reads it with a plain SELECT. No row is locked
-#: or written on conflict. ``waited`` is how long the INSERT queued behind an
-#: uncommitted row with the same scope (one whose transaction then rolled back): the
+#: hits the unique constraint and does nothing. Then, when the row it collided with is
+#: claimed with a live lease by an owner whose session held its presence lock
+#: (``owner_pid``) and that lock is free now (``pg_try_advisory_xact_lock``: the owner's
+#: session is gone, since a live owner releases it only in its completion or release),
+#: the UPDATE ``taken`` takes the claim over with a new owner token (a presence
+#: takeover; the fence is unchanged). Otherwise the last SELECT returns the row, so a
+#: replay, a 409 or a 422 costs this one statement too. When the colliding row
+#: committed after this statement's snapshot was taken, no SELECT returns a row and the
+#: caller reads it with a plain SELECT. ``waited`` is how long the INSERT queued behind
+#: an uncommitted row with the same scope (one whose transaction then rolled back): the
 #: store stamps such a claim again (``PG_RESTAMP_SQL``), since its times were taken
-#: when the statement started.
+#: when the statement started. ``present``: the new owner's session holds the presence
+#: lock (the caller must release it).
 PG_CLAIM_SQL = f"""
 WITH claimed AS (
     INSERT INTO {_T} (
         principal, endpoint, key, fingerprint, state, owner_token, lease_until,
-        recovery_point, response_headers, created_at, expires_at, sweep_after
+        recovery_point, response_headers, created_at, expires_at, sweep_after, owner_pid
     )
     VALUES (
         %(principal)s, %(endpoint)s, %(key)s, %(fingerprint)s, 'claimed', %(token)s,
         {_NOW} + %(lease)s * interval '1 second', '', '[]'::jsonb, {_NOW},
-        {_WINDOW_END}, {_WINDOW_END}
+        {_WINDOW_END}, {_WINDOW_END}, {_TAKE}
     )
     ON CONFLICT (principal, endpoint, key) DO NOTHING
-    RETURNING id
+    RETURNING id, owner_pid
+),
+taken AS (
+    UPDATE {_T} r SET owner_token = %(token)s,
+        lease_until = {_NOW} + %(lease)s * interval '1 second',
+        expires_at = GREATEST(r.expires_at, {_NOW} + %(lease)s * interval '1 second'),
+        owner_pid = CASE WHEN %(take)s THEN pg_backend_pid() END
+    WHERE r.principal = %(principal)s AND r.endpoint = %(endpoint)s AND r.key = %(key)s
+      AND %(test)s AND NOT EXISTS (SELECT 1 FROM claimed)
+      AND r.state = 'claimed' AND r.fingerprint = %(fingerprint)s
+      AND r.lease_until > {_NOW} AND r.owner_pid IS NOT NULL
+      AND r.owner_pid <> pg_backend_pid()
+      AND pg_try_advisory_xact_lock({_KEY})
+    RETURNING r.id, r.recovery_point, r.owner_pid
 )
 SELECT true AS won, id, NULL::uuid AS owner_token, NULL::varchar AS state,
-       NULL::varchar AS fingerprint, NULL::varchar AS recovery_point,
+       NULL::varchar AS fingerprint, ''::varchar AS recovery_point,
        NULL::float8 AS lease_remaining, NULL::boolean AS expired,
        NULL::int AS response_status, NULL::jsonb AS response_headers,
        NULL::bytea AS response_body,
-       EXTRACT(EPOCH FROM clock_timestamp() - statement_timestamp())::float8 AS waited
+       EXTRACT(EPOCH FROM clock_timestamp() - statement_timestamp())::float8 AS waited,
+       owner_pid, {_HOLD} AS present, false AS by_presence
 FROM claimed
+UNION ALL
+SELECT true, id, NULL, NULL, NULL, recovery_point, NULL, NULL, NULL, NULL, NULL, NULL,
+       owner_pid, {_HOLD}, true
+FROM taken
 UNION ALL
 SELECT false, id, owner_token, state, fingerprint, recovery_point,
        EXTRACT(EPOCH FROM lease_until - {_NOW})::float8, expires_at <= {_NOW},
-       response_status, response_headers, response_body, NULL::float8
+       response_status, response_headers, response_body, NULL::float8,
+       owner_pid, false, false
 FROM {_T}
 WHERE principal = %(principal)s AND endpoint = %(endpoint)s AND key = %(key)s
-  AND NOT EXISTS (SELECT 1 FROM claimed)
+  AND NOT EXISTS (SELECT 1 FROM claimed) AND NOT EXISTS (SELECT 1 FROM taken)
 """
 
 #: Read one record with its lease and expiry judged by the database's clock.
@@ -59,7 +107,7 @@ PG_FETCH_SQL = f"""
 SELECT false AS won, id, owner_token, state, fingerprint, recovery_point,
        EXTRACT(EPOCH FROM lease_until - {_NOW})::float8 AS lease_remaining,
        expires_at <= {_NOW} AS expired,
-       response_status, response_headers, response_body
+       response_status, response_headers, response_body, owner_pid
 FROM {_T}
 WHERE principal = %(principal)s AND endpoint = %(endpoint)s AND key = %(key)s
 """
@@ -84,6 +132,41 @@ UPDATE {_T} SET state = 'completed', response_status = %(status)s,
 WHERE id = %(id)s AND owner_token = %(token)s AND state = 'claimed'
 """
 
+#: Completion of a claim whose session holds the presence lock: the same fenced UPDATE,
+#: then the lock is released in the same statement. The aggregate consumes the UPDATE
+#: first, so the row is locked before the presence lock goes: a duplicate that finds
+#: the lock free from then on queues behind the row lock until this transaction ends
+#: and then re-checks its takeover against the completed row (no match).
+PG_COMPLETE_UNLOCK_SQL = f"""
+WITH done AS ({PG_COMPLETE_SQL.strip()}
+RETURNING 1)
+SELECT n, pg_advisory_unlock({_KEY}) FROM (SELECT count(*) AS n FROM done) d
+"""
+
+#: Release (delete) of a claim we own, with no recovery point, fenced, then the
+#: presence lock released in the same statement (see ``PG_COMPLETE_UNLOCK_SQL``).
+PG_RELEASE_UNLOCK_SQL = f"""
+WITH gone AS (
+    DELETE FROM {_T}
+    WHERE id = %(id)s AND owner_token = %(token)s AND state = 'claimed'
+      AND recovery_point = ''
+    RETURNING 1
+)
+SELECT n, pg_advisory_unlock({_KEY}) FROM (SELECT count(*) AS n FROM gone) g
+"""
+
+#: Release of a presence lock on its own (a path without a statement to join).
+PG_UNLOCK_SQL = f"SELECT pg_advisory_unlock({_KEY})"
+
+#: A waiting duplicate queues for the presence lock (shared: every waiter wakes at once).
+PG_WAIT_PRESENCE_SQL = f"SELECT pg_advisory_xact_lock_shared({_KEY})"
+
+#: Then for the row lock of the owner's completion, until its transaction ends.
+PG_WAIT_ROW_SQL = f"""
+SELECT 1 FROM {_T}
+WHERE principal = %(principal)s AND endpoint = %(endpoint)s AND key = %(key)s FOR SHARE
+"""
+
 #: Heartbeat: extend a lease we still own (the window never ends before the lease).
 PG_EXTEND_SQL = f"""
 UPDATE {_T} SET lease_until = {_NOW} + %(seconds)s * interval '1 second',
@@ -92,18 +175,24 @@ WHERE id = %(id)s AND owner_token = %(token)s AND state = 'claimed'
 """
 
 #: Takeover of a claim whose lease ran out, if nobody changed it since it was read.
+#: The new owner takes the presence lock as a new claim does (``present``); a slow
+#: old owner that still holds it leaves the new claim without one (``owner_pid`` NULL).
 #: ``SKIP LOCKED``: a row locked by a stalled owner's open transaction (its completion
 #: or phase written, not yet committed) is never waited for; the caller answers 409.
 PG_TAKEOVER_SQL = f"""
-UPDATE {_T} SET owner_token = %(new_token)s,
+UPDATE {_T} r SET owner_token = %(new_token)s,
     lease_until = {_NOW} + %(lease)s * interval '1 second',
-    expires_at = GREATEST(expires_at, {_NOW} + %(lease)s * interval '1 second')
+    expires_at = GREATEST(r.expires_at, {_NOW} + %(lease)s * interval '1 second'),
+    owner_pid = CASE WHEN %(take)s AND pg_try_advisory_xact_lock({presence_key("r.")})
+                THEN pg_backend_pid() END
 WHERE id = (
     SELECT id FROM {_T}
     WHERE id = %(id)s AND state = 'claimed' AND owner_token = %(token)s
       AND recovery_point = %(recovery_point)s AND lease_until <= {_NOW}
     FOR UPDATE SKIP LOCKED
 )
+RETURNING CASE WHEN r.owner_pid IS NOT NULL
+          THEN pg_try_advisory_lock({presence_key("r.")}) ELSE false END AS present
 """
 
 #: Forget a record past its window and its lease (the plain table), never waiting on

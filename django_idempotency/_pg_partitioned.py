@@ -21,7 +21,8 @@ migration 0004; ``created_at`` under migration 0003 alone). There is no default
 partition: ``django_idempotency_ensure_partition`` creates a missing day on demand (the
 claim calls it when its day is absent).
 
-The ``*_V1`` statements are run by migration 0003, ``*_V2`` by 0004: never edit them.
+The ``*_V1`` statements are run by migration 0003, ``*_V2`` by 0004, ``*_V3`` by 0005
+(owner presence): never edit them.
 A change ships as new statements and a new migration.
 """
 
@@ -30,6 +31,8 @@ from __future__ import annotations
 import threading
 
 from django.db.backends.base.base import BaseDatabaseWrapper
+
+from ._pg import PRESENCE_SEED
 
 TABLE = "django_idempotency_record"
 #: Partition names: ``PARTITION_PREFIX`` + ``YYYYMMDD`` (UTC day of ``created_at``).
@@ -46,6 +49,10 @@ _SCOPE_LOCK = (
     "pg_advisory_xact_lock(hashtextextended("
     "{p}principal || chr(31) || {p}endpoint || chr(31) || {p}key, "
     f"{_SCOPE_SEED}))"
+)
+#: The presence lock key of the scope (same as ``_pg.presence_key`` on the arguments).
+_PRESENCE_LOCK_KEY = (
+    f"hashtextextended(p_principal || chr(31) || p_endpoint || chr(31) || p_key, {PRESENCE_SEED})"
 )
 # The lookup must see every row committed before the lock was granted: only READ
 # COMMITTED takes a new snapshot per statement.
@@ -224,6 +231,115 @@ END
 $fn$;
 """
 
+#: Version 3 of the claim (migration 0005): version 2 plus owner presence
+#: (docs/robustness.md#owner-presence). ``p_take``: this session may hold the record's
+#: presence lock (a direct connection); the new owner then holds it (``present``) and
+#: its pid is stored in ``owner_pid``. ``p_test``: a claimed record with a live lease
+#: whose owner's session held the lock is taken over at once when the lock is free
+#: (that session is gone; ``by_presence``). Version 2 is kept for processes still
+#: running the previous release (their records carry no ``owner_pid``: the lease alone
+#: decides for them).
+CLAIM_FUNCTION_V3 = f"""
+CREATE OR REPLACE FUNCTION django_idempotency_claim(
+    p_principal varchar, p_endpoint varchar, p_key varchar, p_fingerprint varchar,
+    p_token uuid, p_lease float8, p_retention float8, p_clock_offset float8,
+    p_take boolean, p_test boolean
+) RETURNS TABLE (
+    won boolean, id bigint, owner_token uuid, state varchar, fingerprint varchar,
+    recovery_point varchar, lease_remaining float8, expired boolean,
+    response_status integer, response_headers jsonb, response_body bytea,
+    owner_pid integer, present boolean, by_presence boolean
+) LANGUAGE plpgsql VOLATILE AS $fn$
+#variable_conflict use_column
+DECLARE
+    v_now timestamptz;
+    v_expires timestamptz;
+    v_day date;
+    v_row {TABLE}%ROWTYPE;
+    v_id bigint;
+    v_pid integer;
+    v_presence bigint := {_PRESENCE_LOCK_KEY};
+BEGIN{_READ_COMMITTED_ONLY}
+    -- 1. Serialise every writer of this scope until this transaction ends.
+    PERFORM {_SCOPE_LOCK.format(p="p_")};
+    v_now := clock_timestamp() + p_clock_offset * interval '1 second';
+    -- 2. Look it up (a new snapshot: every row committed by an earlier holder).
+    SELECT * INTO v_row FROM {TABLE} r
+    WHERE r.principal = p_principal AND r.endpoint = p_endpoint AND r.key = p_key;
+    IF FOUND THEN
+        IF p_test AND v_row.state = 'claimed' AND v_row.lease_until > v_now
+           AND v_row.fingerprint = p_fingerprint AND v_row.owner_pid IS NOT NULL
+           AND v_row.owner_pid <> pg_backend_pid()
+           AND pg_try_advisory_xact_lock(v_presence) THEN
+            -- The owner's session is gone (its presence lock is free while its claim
+            -- stands): take over now, fenced by a new owner token.
+            v_pid := CASE WHEN p_take THEN pg_backend_pid() END;
+            UPDATE {TABLE} r SET owner_token = p_token,
+                lease_until = v_now + p_lease * interval '1 second',
+                expires_at = GREATEST(r.expires_at, v_now + p_lease * interval '1 second'),
+                owner_pid = v_pid
+            WHERE r.id = v_row.id AND r.sweep_after = v_row.sweep_after
+              AND r.owner_token = v_row.owner_token AND r.state = 'claimed';
+            IF FOUND THEN
+                IF v_pid IS NOT NULL THEN
+                    PERFORM pg_advisory_lock(v_presence);  -- held already: no wait
+                END IF;
+                RETURN QUERY SELECT true, v_row.id, NULL::uuid, NULL::varchar,
+                    NULL::varchar, v_row.recovery_point, NULL::float8, NULL::boolean,
+                    NULL::integer, NULL::jsonb, NULL::bytea, v_pid, v_pid IS NOT NULL, true;
+                RETURN;
+            END IF;
+        END IF;
+        IF v_row.expires_at > v_now
+           OR (v_row.state = 'claimed' AND v_row.lease_until > v_now) THEN
+            -- It stands: replay, 422, 409 or takeover; the caller decides.
+            RETURN QUERY SELECT false, v_row.id, v_row.owner_token, v_row.state,
+                v_row.fingerprint, v_row.recovery_point,
+                EXTRACT(EPOCH FROM v_row.lease_until - v_now)::float8,
+                v_row.expires_at <= v_now, v_row.response_status::integer,
+                v_row.response_headers, v_row.response_body, v_row.owner_pid, false, false;
+            RETURN;
+        END IF;
+        -- Past its retention window and its lease: the key is new. Delete the row
+        -- and insert a fresh one (the partition key is never rewritten).
+        DELETE FROM {TABLE} r
+        WHERE r.id = v_row.id AND r.sweep_after = v_row.sweep_after
+          AND r.expires_at <= v_now AND (r.state = 'completed' OR r.lease_until <= v_now);
+        IF NOT FOUND THEN
+            RETURN;  -- changed since the lookup (takeover, heartbeat): caller re-reads
+        END IF;
+    END IF;
+    -- 3. Insert into the partition of the day the window ends.
+    LOOP
+        v_expires := v_now + GREATEST(p_retention, p_lease) * interval '1 second';
+        v_day := (v_expires AT TIME ZONE 'UTC')::date;
+        EXIT WHEN to_regclass('{PARTITION_PREFIX}' || to_char(v_day, 'YYYYMMDD')) IS NOT NULL;
+        PERFORM django_idempotency_ensure_partition(v_day);
+        v_now := clock_timestamp() + p_clock_offset * interval '1 second';
+    END LOOP;
+    -- The presence lock, transaction-level first: it goes with this transaction if
+    -- anything below fails; the session-level hold is taken once the row is in.
+    v_pid := CASE WHEN p_take AND pg_try_advisory_xact_lock(v_presence)
+                  THEN pg_backend_pid() END;
+    PERFORM set_config('django_idempotency.claim_token', p_token::text, true);
+    INSERT INTO {TABLE} AS r (
+        principal, endpoint, key, fingerprint, state, owner_token, lease_until,
+        recovery_point, response_headers, created_at, expires_at, sweep_after, owner_pid)
+    VALUES (
+        p_principal, p_endpoint, p_key, p_fingerprint, 'claimed', p_token,
+        v_now + p_lease * interval '1 second', '', '[]'::jsonb, v_now, v_expires, v_expires,
+        v_pid)
+    RETURNING r.id INTO v_id;
+    IF v_pid IS NOT NULL THEN
+        PERFORM pg_advisory_lock(v_presence);  -- held already: no wait
+    END IF;
+    RETURN QUERY SELECT true, v_id, NULL::uuid, NULL::varchar, NULL::varchar,
+        ''::varchar, NULL::float8, NULL::boolean, NULL::integer, NULL::jsonb,
+        NULL::bytea, v_pid, v_pid IS NOT NULL, false;
+END
+$fn$;
+"""
+
 SCOPE_TRIGGER_FUNCTION_V1 = f"""
 CREATE OR REPLACE FUNCTION django_idempotency_record_scope_unique()
 RETURNS trigger LANGUAGE plpgsql VOLATILE AS $fn$
@@ -263,41 +379,71 @@ DROP_FUNCTIONS_V1 = [
     "DROP FUNCTION IF EXISTS django_idempotency_record_scope_unique()",
 ]
 
+#: Dropped when migration 0005 is reversed (version 2 stays).
+DROP_CLAIM_FUNCTION_V3 = (
+    "DROP FUNCTION IF EXISTS django_idempotency_claim("
+    "varchar, varchar, varchar, varchar, uuid, float8, float8, float8, boolean, boolean)"
+)
+
 #: The claim on a partitioned table: one statement, one round trip.
 PG_PARTITIONED_CLAIM_SQL = """
 SELECT won, id, owner_token, state, fingerprint, recovery_point, lease_remaining,
-       expired, response_status, response_headers, response_body
+       expired, response_status, response_headers, response_body, owner_pid, present,
+       by_presence
 FROM django_idempotency_claim(
     %(principal)s::varchar, %(endpoint)s::varchar, %(key)s::varchar,
     %(fingerprint)s::varchar, %(token)s::uuid, %(lease)s::float8,
-    %(retention)s::float8, %(clock_offset)s::float8)
+    %(retention)s::float8, %(clock_offset)s::float8, %(take)s::boolean,
+    %(test)s::boolean)
 """
 
-_kinds: dict[tuple[str, str], bool] = {}
+_kinds: dict[tuple[str, str], tuple[bool, int | None]] = {}
 _kinds_lock = threading.Lock()
+
+
+def _facts(connection: BaseDatabaseWrapper) -> tuple[bool, int | None]:
+    """(table partitioned, the server's own ``port`` setting), asked once per process."""
+    cache_key = (connection.alias, str(connection.settings_dict.get("NAME")))
+    facts = _kinds.get(cache_key)
+    if facts is None:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT (SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)), "
+                "current_setting('port')",
+                [TABLE],
+            )
+            kind, port = cursor.fetchone()
+        facts = (kind == "p", int(port) if port else None)
+        with _kinds_lock:
+            _kinds[cache_key] = facts
+    return facts
 
 
 def is_partitioned(connection: BaseDatabaseWrapper) -> bool:
     """Whether the record table on ``connection`` is a partitioned PostgreSQL table.
 
-    Asked once per process and database (one catalog query), then cached, so the
-    claim's hot path pays nothing even with ``CONN_MAX_AGE = 0``. Migrations that
-    change the table, and any failing claim statement, call :func:`forget`, so a
-    process that outlives a migration re-reads it. ``False`` on other backends, and
-    when the table does not exist.
+    Asked once per process and database (one catalog query, which also reads the
+    server's port for :func:`server_port`), then cached, so the claim's hot path pays
+    nothing even with ``CONN_MAX_AGE = 0``. Migrations that change the table, and any
+    failing claim statement, call :func:`forget`, so a process that outlives a
+    migration re-reads it. ``False`` on other backends, and when the table does not
+    exist.
     """
     if connection.vendor != "postgresql":
         return False
-    cache_key = (connection.alias, str(connection.settings_dict.get("NAME")))
-    kind = _kinds.get(cache_key)
-    if kind is None:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)", [TABLE])
-            row = cursor.fetchone()
-        kind = row is not None and row[0] == "p"
-        with _kinds_lock:
-            _kinds[cache_key] = kind
-    return kind
+    return _facts(connection)[0]
+
+
+def server_port(connection: BaseDatabaseWrapper) -> int | None:
+    """The port the PostgreSQL server behind ``connection`` listens on (its setting).
+
+    Read with :func:`is_partitioned`'s query, cached the same way. A client port that
+    differs from it means something stands between (a pooler such as PgBouncer, or a
+    proxy): owner presence's detection uses it (``django_idempotency.presence``).
+    """
+    if connection.vendor != "postgresql":
+        return None
+    return _facts(connection)[1]
 
 
 def forget() -> None:

@@ -63,7 +63,10 @@ class Claim:
     ``using`` is the database alias of the record; ``committed`` is false when the
     claim was made inside a caller's transaction and is not yet visible to others.
     ``lease`` is the claim's lease in seconds: a completed response stays replayable
-    at least that long after its completion commits.
+    at least that long after its completion commits. ``present``: this request's
+    database session holds the record's presence lock (PostgreSQL, a direct
+    connection); ``by_presence``: ``taken_over`` without waiting for the lease, because
+    the earlier owner's session was gone (docs/robustness.md#owner-presence).
     """
 
     scope: Scope
@@ -74,6 +77,8 @@ class Claim:
     using: str
     committed: bool = True
     lease: float = 0.0
+    present: bool = False
+    by_presence: bool = False
 
 
 @dataclass(frozen=True)
@@ -82,6 +87,7 @@ class Existing:
 
     ``lease_remaining`` is in seconds (negative once the lease ran out); ``expired``
     says the retention window is over; ``response`` is set once completed.
+    ``owner_pid`` is set when the owner's session holds the presence lock.
     """
 
     record_id: int
@@ -92,6 +98,7 @@ class Existing:
     response: StoredResponse | None
     owner_token: uuid.UUID | None = None
     recovery_point: str = ""
+    owner_pid: int | None = None
 
     @property
     def completed(self) -> bool:

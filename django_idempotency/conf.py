@@ -50,6 +50,10 @@ DEFAULTS: dict[str, Any] = {
     "DATABASE_RESOLVER": None,
     "DATABASES": None,
     "UNGUARDED_DATABASES": (),
+    # Owner presence, heartbeat, waiters (docs/robustness.md#owner-presence).
+    "OWNER_PRESENCE": "auto",
+    "HEARTBEAT": False,
+    "MAX_WAITERS": 16,
 }
 
 
@@ -281,6 +285,41 @@ class IdempotencySettings:
     def unguarded_databases(self) -> frozenset[str]:
         """Aliases an idempotent view may write to outside its record's transaction."""
         return frozenset(_names(self.get("UNGUARDED_DATABASES")))
+
+    @property
+    def owner_presence(self) -> bool | str:
+        """Owner presence on PostgreSQL: ``"auto"``, ``True`` or ``False``.
+
+        ``"auto"``: a claim's session holds the presence lock when its connection is
+        direct (not through a transaction pooler, as far as that can be detected:
+        ``presence.direct``); ``True``: always (you know there is no pooler); ``False``:
+        never, and no takeover by presence either. docs/robustness.md#owner-presence.
+
+        Raises:
+            ValueError: another value.
+        """
+        value = self.get("OWNER_PRESENCE")
+        if value in (True, False) or value == "auto":
+            return value  # type: ignore[no-any-return]
+        raise ValueError(f'IDEMPOTENCY["OWNER_PRESENCE"] is "auto", True or False, not {value!r}')
+
+    @property
+    def heartbeat(self) -> bool:
+        """Whether views extend their lease from a background thread while they run.
+
+        A view's ``heartbeat=`` option overrides it. Every third of the lease, on
+        PostgreSQL (docs/robustness.md#automatic-heartbeat).
+        """
+        return bool(self.get("HEARTBEAT"))
+
+    @property
+    def max_waiters(self) -> int:
+        """Duplicates per process that may wait on an owner's lock at once (``wait=``).
+
+        Each holds a database session while it waits; past this many, a duplicate is
+        answered 409 at once instead of waiting.
+        """
+        return int(self.get("MAX_WAITERS"))
 
 
 conf = IdempotencySettings()

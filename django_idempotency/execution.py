@@ -23,7 +23,7 @@ from typing import Any
 from django.db import DatabaseError, IntegrityError, InterfaceError
 from django.http.response import HttpResponseBase
 
-from . import phases, problems, signals, store, transactions, write_guard
+from . import heartbeat, phases, presence, problems, signals, store, transactions, write_guard
 from .conf import conf
 from .context import IdempotencyContext, UnprotectedContext
 from .logging import key_hash
@@ -89,6 +89,21 @@ def execute(
     claim, options = proceed.claim, proceed.options
     context = IdempotencyContext(claim, lease=options.get_lease(), phases=options.phases)
     attach(request, context)
+    try:
+        with heartbeat.beating(claim, options.get_lease(), options.get_heartbeat()):
+            return _execute(context, options, call, finalize, proceed.view_name)
+    finally:
+        presence.ensure_released(claim)  # the settling statement normally did it
+
+
+def _execute(
+    context: IdempotencyContext,
+    options: Options,
+    call: Callable[[], HttpResponseBase],
+    finalize: Callable[[HttpResponseBase], HttpResponseBase],
+    view_name: str,
+) -> HttpResponseBase:
+    claim = context.claim
     with context.activated():
         if options.phases:  # no single transaction: each phase commits on its own
             try:
@@ -100,7 +115,7 @@ def execute(
             if stored is not None:
                 signals.completed.send(claim.scope.endpoint, status=stored.status, **_kw(claim))
             return response
-        return _execute_atomic(claim, options, call, finalize, proceed.view_name)
+        return _execute_atomic(claim, options, call, finalize, view_name)
 
 
 def _kw(claim: store.Claim) -> dict[str, str]:

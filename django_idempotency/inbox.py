@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError, InterfaceError, transaction
 
-from . import extractors, signals, store, write_guard
+from . import extractors, presence, signals, store, write_guard
 from .conf import conf
 from .context import IdempotencyContext
 from .logging import key_hash
@@ -258,6 +258,8 @@ def once(
     except BaseException:
         _release(claim)
         raise
+    finally:
+        presence.ensure_released(claim)  # the settling statement normally did it
     signals.completed.send(scope.endpoint, status=_RESULT_STATUS, **_kw(scope))
 
 

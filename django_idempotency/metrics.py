@@ -54,6 +54,17 @@ REPLAYS = Metric("replays", "Stored responses replayed (Idempotent-Replayed: tru
 IN_FLIGHT = Metric("in_flight_conflicts", "Duplicates answered 409: original in flight.", _E)
 KEY_REUSES = Metric("key_reuses", "Keys reused with a different request: 422.", _E)
 TAKEOVERS = Metric("takeovers", "Expired leases taken over by a retry.", _E)
+PRESENCE_TAKEOVERS = Metric(
+    "presence_takeovers",
+    "Claims taken over before their lease ended: the owner's database session was gone.",
+    _E,
+)
+WOKEN_WAITERS = Metric(
+    "woken_waiters", "Waiting duplicates woken by the owner's completion (not polling).", _E
+)
+WAITERS_FULL = Metric(
+    "waiters_full", "Duplicates answered 409 at once: MAX_WAITERS already waiting.", _E
+)
 FENCED = Metric(
     "fenced_rollbacks", "Completions fenced off (lease lost): the view's writes rolled back.", _E
 )
@@ -83,6 +94,9 @@ METRICS = (
     IN_FLIGHT,
     KEY_REUSES,
     TAKEOVERS,
+    PRESENCE_TAKEOVERS,
+    WOKEN_WAITERS,
+    WAITERS_FULL,
     FENCED,
     RELEASES,
     COMPLETIONS,
@@ -114,9 +128,12 @@ def _events(kwargs: Mapping[str, Any], signal_name: str) -> list[tuple[Metric, d
     if signal_name == "claimed":
         events = [(CLAIMS, endpoint)]
         if kwargs.get("taken_over"):
-            events.append((TAKEOVERS, endpoint))
+            events.append((PRESENCE_TAKEOVERS if kwargs.get("presence") else TAKEOVERS, endpoint))
         return events
+    if signal_name == "in_flight" and kwargs.get("waiters_full"):
+        return [(IN_FLIGHT, endpoint), (WAITERS_FULL, endpoint)]
     simple = {
+        "woken": WOKEN_WAITERS,
         "in_flight": IN_FLIGHT,
         "mismatched": KEY_REUSES,
         "fenced": FENCED,
@@ -137,6 +154,7 @@ def _signals() -> dict[str, Signal]:
             "claimed",
             "replayed",
             "in_flight",
+            "woken",
             "mismatched",
             "fenced",
             "released",

@@ -36,6 +36,10 @@ class IdempotencyRecord(models.Model):
     ``sweep_after`` is the window's end as first claimed and never changes: on
     PostgreSQL it is the partition key, so each record is stored in the partition of
     the day its own window ends.
+    ``owner_pid`` is the PostgreSQL backend process of the owner's session when that
+    session holds the record's presence lock (docs/robustness.md#owner-presence);
+    ``NULL`` when presence is unknown (a transaction pooler, another database, or the
+    lock could not be taken), and then only the lease decides.
     """
 
     principal = models.CharField(_("principal"), max_length=255)
@@ -55,6 +59,7 @@ class IdempotencyRecord(models.Model):
     completed_at = models.DateTimeField(_("completed at"), null=True)
     expires_at = models.DateTimeField(_("expires at"))
     sweep_after = models.DateTimeField(_("sweep after"), null=True)
+    owner_pid = models.IntegerField(_("owner session"), null=True, editable=False)
 
     class Meta:  # noqa: D106
         db_table = "django_idempotency_record"

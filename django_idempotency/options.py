@@ -44,6 +44,9 @@ class Options:
         key: ``callable(request) -> str | None`` (or its dotted path) that takes the
             idempotency key from elsewhere in the request than ``Idempotency-Key``
             (a webhook's event id: ``django_idempotency.extractors``, docs/inbox.md).
+        heartbeat: extend the lease from a background thread every third of it
+            while the view runs (``None``: the ``HEARTBEAT`` setting;
+            docs/robustness.md#automatic-heartbeat).
     """
 
     required: bool | None = None
@@ -59,6 +62,7 @@ class Options:
     phases: tuple[str, ...] = ()
     using: str | Callable[[Any], str] | None = None
     key: KeyExtractor | str | None = None
+    heartbeat: bool | None = None
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> Options:
@@ -129,6 +133,10 @@ class Options:
     def get_wait(self) -> float:
         """Effective in-flight wait, seconds."""
         return conf.wait if self.wait is None else float(self.wait)
+
+    def get_heartbeat(self) -> bool:
+        """Effective ``heartbeat``: the view's choice, else the ``HEARTBEAT`` setting."""
+        return conf.heartbeat if self.heartbeat is None else bool(self.heartbeat)
 
     def get_replay_headers(self) -> Iterable[str]:
         """Extra replayed headers: the setting's plus the view's."""

@@ -22,6 +22,8 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from ._pg_partitioned import (
     CLAIM_FUNCTION_V1,
     CLAIM_FUNCTION_V2,
+    CLAIM_FUNCTION_V3,
+    DROP_CLAIM_FUNCTION_V3,
     DROP_FUNCTIONS_V1,
     ENSURE_PARTITION_FUNCTION_V1,
     PARTITION_PREFIX,
@@ -194,16 +196,19 @@ WINDOW_COVERS_LEASE_SQL = (
 )
 
 #: The partition key of each version of the partitioned table (migration 0003: 1,
-#: migration 0004: 2, the current one).
-PARTITION_KEYS = {1: "created_at", 2: "sweep_after"}
-CURRENT_VERSION = 2
+#: migration 0004: 2, migration 0005: 3, the current one: the claim function with
+#: owner presence, same table).
+PARTITION_KEYS = {1: "created_at", 2: "sweep_after", 3: "sweep_after"}
+CURRENT_VERSION = 3
 
 
 def install_functions(connection: BaseDatabaseWrapper, *, version: int = CURRENT_VERSION) -> None:
     """Create (or replace) the server-side functions of the partitioned table."""
-    claim = CLAIM_FUNCTION_V2 if version >= 2 else CLAIM_FUNCTION_V1
+    claims = [CLAIM_FUNCTION_V2 if version >= 2 else CLAIM_FUNCTION_V1]
+    if version >= 3:
+        claims.append(CLAIM_FUNCTION_V3)  # beside V2, which older processes still call
     with connection.cursor() as cursor:
-        for sql in (ENSURE_PARTITION_FUNCTION_V1, claim, SCOPE_TRIGGER_FUNCTION_V1):
+        for sql in (ENSURE_PARTITION_FUNCTION_V1, *claims, SCOPE_TRIGGER_FUNCTION_V1):
             cursor.execute(sql)
 
 
@@ -324,7 +329,7 @@ def to_plain(connection: BaseDatabaseWrapper, schema_editor: Any, model: Any) ->
 def drop_functions(connection: BaseDatabaseWrapper) -> None:
     """Drop the server-side functions of the partitioned table, if present."""
     with connection.cursor() as cursor:
-        for sql in DROP_FUNCTIONS_V1:
+        for sql in (DROP_CLAIM_FUNCTION_V3, *DROP_FUNCTIONS_V1):
             cursor.execute(sql)
 
 

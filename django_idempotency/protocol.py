@@ -24,7 +24,7 @@ from django.http.multipartparser import MultiPartParserError
 from django.http.request import RawPostDataException
 from django.http.response import HttpResponseBase
 
-from . import extractors, fingerprint, operators, problems, signals, store, transactions
+from . import extractors, fingerprint, operators, presence, problems, signals, store, transactions
 from .conf import conf
 from .keys import HEADER, InvalidKey, parse_key
 from .logging import key_hash
@@ -273,7 +273,12 @@ def _claim(
         if result is None:
             return CANNOT_RUN
         if isinstance(result, store.Claim):
-            signals.claimed.send(scope.endpoint, taken_over=result.taken_over, **signal_kwargs)
+            signals.claimed.send(
+                scope.endpoint,
+                taken_over=result.taken_over,
+                presence=result.by_presence,
+                **signal_kwargs,
+            )
             return Proceed(result, options, view_name)
         if result.fingerprint != fp:
             signals.mismatched.send(scope.endpoint, **signal_kwargs)
@@ -291,14 +296,36 @@ def _claim(
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             signals.in_flight.send(scope.endpoint, **signal_kwargs)
-            return _problem(
-                problems.IN_FLIGHT,
-                "A request with this key is still being processed. Retry after the "
-                "number of seconds in Retry-After, with the same key, to get its result.",
-                retry_after=conf.retry_after,
-            )
+            return _in_flight()
+        if result.owner_pid is not None and presence.can_wait(using):
+            # Woken by the owner's completion (its presence lock), not by polling.
+            started = time.monotonic()
+            try:
+                woken = presence.wait_for_owner(
+                    using, scope, min(remaining, max(result.lease_remaining, 0.0) + 0.05)
+                )
+            except presence.WaitersFull:
+                signals.in_flight.send(scope.endpoint, waiters_full=True, **signal_kwargs)
+                return _in_flight()
+            except (DatabaseError, InterfaceError):
+                woken = False  # e.g. a statement_timeout: poll instead
+                time.sleep(min(delay, remaining))
+            if woken:
+                signals.woken.send(
+                    scope.endpoint, waited=time.monotonic() - started, **signal_kwargs
+                )
+            continue
         time.sleep(min(delay, remaining))  # bounded in-flight wait (opt-in per view)
         delay = min(delay * 2, 0.5)
+
+
+def _in_flight() -> Respond:
+    return _problem(
+        problems.IN_FLIGHT,
+        "A request with this key is still being processed. Retry after the "
+        "number of seconds in Retry-After, with the same key, to get its result.",
+        retry_after=conf.retry_after,
+    )
 
 
 #: Headers of the stored response that describe its body, not sent with the 410's.

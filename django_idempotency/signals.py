@@ -12,12 +12,21 @@ from __future__ import annotations
 
 from django.dispatch import Signal
 
-#: A claim was made (``taken_over``: an expired lease was taken over).
+#: A claim was made (``taken_over``: an earlier attempt's claim was taken over;
+#: ``presence``: at once, because that attempt's database session was gone, not
+#: because its lease expired; docs/robustness.md#owner-presence).
 claimed = Signal()
 #: A stored response was replayed (``status``: the replayed status).
 replayed = Signal()
-#: A duplicate arrived while the original was in flight: 409.
+#: A duplicate arrived while the original was in flight: 409 (``waiters_full``, when
+#: sent: it could have waited, but ``MAX_WAITERS`` requests already did).
 in_flight = Signal()
+#: A waiting duplicate (``wait=``) was woken by the owner's completion or departure,
+#: not by polling (``waited``: seconds it waited).
+woken = Signal()
+#: The automatic heartbeat extended a lease (``seconds``: the new lease; ``kept``:
+#: ``False`` when the claim was found taken over, and the heartbeat stopped).
+extended = Signal()
 #: The key was reused with a different request: 422.
 mismatched = Signal()
 #: The completion was fenced off (lease lost); the view's writes were rolled back.

@@ -41,13 +41,15 @@ from django.db.models import F, Q
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Greatest
 
-from . import clock
+from . import clock, presence
 from ._pg import (
     PG_CLAIM_SQL,
     PG_COMPLETE_SQL,
+    PG_COMPLETE_UNLOCK_SQL,
     PG_EXTEND_SQL,
     PG_FETCH_SQL,
     PG_FORGET_SQL,
+    PG_RELEASE_UNLOCK_SQL,
     PG_RESTAMP_SQL,
     PG_TAKEOVER_SQL,
     pg_now,
@@ -141,6 +143,7 @@ def _existing(row: dict[str, Any]) -> Existing:
         response=response,
         owner_token=row["owner_token"],
         recovery_point=row["recovery_point"] or "",
+        owner_pid=row.get("owner_pid"),
     )
 
 
@@ -247,8 +250,9 @@ def _claim(
             and existing.lease_remaining <= 0
             and existing.fingerprint == fingerprint
         ):
-            if _take_over(using, existing, token, lease):
-                return Claim(
+            present = _take_over(using, existing, token, lease)
+            if present is not None:
+                won = Claim(
                     scope,
                     existing.record_id,
                     token,
@@ -256,7 +260,11 @@ def _claim(
                     existing.recovery_point,
                     using,
                     lease=lease,
+                    present=present,
                 )
+                if present:
+                    presence.hold(won)
+                return won
             continue
         return existing
     # Raced on every round (claims released or taken over under us): in flight.
@@ -273,8 +281,15 @@ def _insert(
 ) -> tuple[Claim | None, Existing | None]:
     connection = connections[using]
     if connection.vendor == "postgresql":
+        take = presence.takes(connection)
         params = _pg_params(
-            scope, fingerprint=fingerprint, token=token, lease=lease, retention=retention
+            scope,
+            fingerprint=fingerprint,
+            token=token,
+            lease=lease,
+            retention=retention,
+            take=take,
+            test=presence.tests(connection),
         )
         # A day-partitioned table (docs/retention.md) has no unique index to conflict
         # with: a server-side function locks the scope, looks it up, then inserts.
@@ -305,16 +320,31 @@ def _insert(
                 _strict_databases.add(connection.alias)
                 return None, None
             forget_table_kind()  # perhaps a migration changed the table under us
+            if take:  # a statement that failed after taking the lock must not keep it
+                presence.unlock(using, scope)
             raise
         if row is None:
             return None, fetch(scope, using=using)
         data = dict(zip(columns, row, strict=True))
         if data["won"]:
-            won = Claim(scope, data["id"], token, False, "", using, lease=lease)
+            won = Claim(
+                scope,
+                data["id"],
+                token,
+                bool(data["by_presence"]),
+                data["recovery_point"] or "",
+                using,
+                lease=lease,
+                present=bool(data["present"]),
+                by_presence=bool(data["by_presence"]),
+            )
+            if won.present:
+                presence.hold(won)
             waited = data.get("waited") or 0.0
             if waited > min(_RESTAMP_AFTER, lease / 10) and not _restamp(
                 connection, won, retention
             ):
+                presence.ensure_released(won)
                 return None, None  # taken over in between: settle on it next round
             return won, None
         return None, _existing(data)
@@ -437,11 +467,13 @@ def _forget_expired(using: str, existing: Existing) -> None:
     )._raw_delete(using)
 
 
-def _take_over(using: str, existing: Existing, token: uuid.UUID, lease: float) -> bool:
+def _take_over(using: str, existing: Existing, token: uuid.UUID, lease: float) -> bool | None:
     """Install ``token`` on a claim whose lease ran out, if nobody changed it since.
 
     The window is pushed to end no earlier than the new lease. On PostgreSQL a row
     locked by the stalled owner's open transaction is skipped, never waited for.
+    Returns ``None`` when another request won, else whether the new owner's session
+    holds the presence lock.
     """
     connection = connections[using]
     if connection.vendor == "postgresql":
@@ -452,10 +484,12 @@ def _take_over(using: str, existing: Existing, token: uuid.UUID, lease: float) -
             "new_token": token,
             "lease": lease,
             "clock_offset": clock.offset(),
+            "take": presence.takes(connection),
         }
         with connection.cursor() as cursor:
             cursor.execute(PG_TAKEOVER_SQL, params)
-            return bool(cursor.rowcount == 1)
+            row = cursor.fetchone()
+        return None if row is None else bool(row[0])
     new_lease_until = _now_value(using, lease)
     updated = (
         IdempotencyRecord.objects.using(using)
@@ -472,7 +506,7 @@ def _take_over(using: str, existing: Existing, token: uuid.UUID, lease: float) -
             expires_at=Greatest(F("expires_at"), new_lease_until),
         )
     )
-    return updated == 1
+    return False if updated == 1 else None
 
 
 def _fenced(claim: Claim) -> Any:
@@ -531,9 +565,16 @@ def complete(claim: Claim, response: StoredResponse) -> None:
             "grace": claim.lease,
             "clock_offset": clock.offset(),
         }
-        with _fenced_errors(claim), connection.cursor() as cursor:
-            cursor.execute(PG_COMPLETE_SQL, params)
-            updated = cursor.rowcount
+        if claim.present and presence.holds(claim):  # the lock goes in the same statement
+            params.update(_scope_filter(claim.scope))
+            with _fenced_errors(claim), connection.cursor() as cursor:
+                cursor.execute(PG_COMPLETE_UNLOCK_SQL, params)
+                updated = cursor.fetchone()[0]
+            presence.dropped(claim)
+        else:
+            with _fenced_errors(claim), connection.cursor() as cursor:
+                cursor.execute(PG_COMPLETE_SQL, params)
+                updated = cursor.rowcount
     else:
         now = _now_value(claim.using)
         updated = _fenced(claim).update(
@@ -558,6 +599,18 @@ def release(claim: Claim) -> bool:
     """
     # One fenced DELETE. ``.delete()`` would collect the rows first (outbox messages
     # point here with SET_NULL) and then delete by primary key alone, unfenced.
+    connection = connections[claim.using]
+    if claim.present and presence.holds(claim) and not connection.in_atomic_block:
+        params: dict[str, Any] = {
+            "id": claim.record_id,
+            "token": claim.owner_token,
+            **_scope_filter(claim.scope),
+        }
+        with connection.cursor() as cursor:  # the presence lock goes in the same statement
+            cursor.execute(PG_RELEASE_UNLOCK_SQL, params)
+            deleted = cursor.fetchone()[0]
+        presence.dropped(claim)
+        return bool(deleted)
     return bool(_fenced(claim).filter(recovery_point="")._raw_delete(claim.using))
 
 

@@ -16,7 +16,8 @@ jobs run twice at the same time. The same storm runs twice:
 Each run prints the operations, attempts, replays, 409s, workers created and phantom
 workers (workers beyond one per operation: must be 0 with idempotency on). Then a
 gunicorn worker is killed with SIGKILL in the middle of a create; the client's retry
-takes the key over after the lease and gets exactly one worker.
+takes the key over (at once: the dead worker's database session, and with it its presence
+lock, is gone; docs/robustness.md#owner-presence) and gets exactly one worker.
 
 Exit code: 0 if idempotency held (no phantom, every operation done, the crash
 recovered), 1 if not, 2 if the database or server could not be set up.
@@ -216,6 +217,8 @@ def print_crash(report: CrashReport) -> None:
         print(f"  the client failed: {report.error}")
     print(f"  the record's state: {report.record_state}")
     print(f"  workers created for this one operation: {report.workers_created}")
+    if report.recovery is not None:
+        print(f"  from the kill to the retry's 201: {report.recovery:.2f} s")
     print(f"  took {report.seconds:.1f} s  ->  {'ok' if report.ok else 'FAILED'}")
 
 

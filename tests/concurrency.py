@@ -18,13 +18,22 @@ def token_client(token_key: str) -> APIClient:
 
 
 class Runner:
-    """Run callables in threads; each thread closes its own DB connections at the end."""
+    """Run callables in threads; each thread closes its own DB connections at the end.
+
+    A thread keeps its connections open until :meth:`join` has every thread's result:
+    on PostgreSQL a claim whose session ended is an owner gone (owner presence,
+    docs/robustness.md), so a contender that finished early must stay connected while
+    the others still contend, as a live client would.
+    """
 
     def __init__(self) -> None:
         self.threads: list[threading.Thread] = []
         self.results: list[Any] = []
         self.errors: list[BaseException] = []
         self._lock = threading.Lock()
+        self._finished = threading.Semaphore(0)
+        self._close = threading.Event()
+        self._collected = 0
 
     def start(self, func: Callable[[], Any]) -> threading.Thread:
         def target() -> None:
@@ -36,6 +45,8 @@ class Runner:
                 with self._lock:
                     self.errors.append(exc)
             finally:
+                self._finished.release()
+                self._close.wait(120)
                 connections.close_all()
 
         thread = threading.Thread(target=target, daemon=True)
@@ -44,6 +55,12 @@ class Runner:
         return thread
 
     def join(self, timeout: float = 60) -> list[Any]:
+        while self._collected < len(self.threads):
+            if not self._finished.acquire(timeout=timeout):
+                self._close.set()
+                raise AssertionError("a client thread did not finish")
+            self._collected += 1
+        self._close.set()
         for thread in self.threads:
             thread.join(timeout)
             if thread.is_alive():

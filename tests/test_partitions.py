@@ -72,6 +72,8 @@ def raw_claim(sc: store.Scope, fp: str, offset: float, *, lease: float = 30) -> 
         "lease": lease,
         "retention": 3 * DAY,
         "clock_offset": offset,
+        "take": False,  # no presence lock: these claims are read, never completed
+        "test": True,
     }
     with connection.cursor() as cursor:
         cursor.execute(PG_PARTITIONED_CLAIM_SQL, params)

@@ -39,6 +39,8 @@ class CrashReport:
     workers_created: int = 0
     record_state: str = ""
     seconds: float = 0.0
+    #: Seconds from the SIGKILL to the client's 201 (the retry's takeover plus one run).
+    recovery: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -80,11 +82,15 @@ def crash_mid_flight(
     )
     started = time.monotonic()
 
+    killed_at: list[float] = []
+
     def send() -> None:
         try:
             report.response = client.post(CREATE, json=body, key=key)
         except Exception as exc:  # reported, not raised: the demo prints it
             report.error = exc
+        if killed_at:
+            report.recovery = time.monotonic() - killed_at[0]
 
     thread = threading.Thread(target=send, name="crash-client")
     thread.start()
@@ -94,6 +100,7 @@ def crash_mid_flight(
             pid = server.worker_in_transaction(db)
             if pid is not None:
                 kill(pid)
+                killed_at.append(time.monotonic())
                 report.killed_pid = pid
             else:
                 time.sleep(0.02)

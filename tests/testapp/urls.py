@@ -18,6 +18,8 @@ urlpatterns = [
     path("slow", views.slow),
     path("gate-then-write", views.gate_then_write),
     path("heartbeat", views.heartbeat),
+    path("auto-heartbeat", views.auto_heartbeat),
+    path("release-503", views.release_503),
     path("plain", views.plain_view),
     path("stream", views.streaming_view),
     path("async", views.async_view),

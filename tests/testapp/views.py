@@ -94,6 +94,23 @@ def heartbeat(request):
     return Response({"extended": ok}, status=201)
 
 
+@api_view(["POST"])
+@idempotent(lease=0.6, heartbeat=True)
+def auto_heartbeat(request):
+    """Runs at a gate well past its lease: the automatic heartbeat keeps the claim."""
+    Widget.objects.create(name="auto-heartbeat")
+    _gate(request)
+    return Response({"ok": True}, status=201)
+
+
+@api_view(["POST"])
+@idempotent(lease=30)
+def release_503(request):
+    """Writes, then answers 503: the claim is released."""
+    Widget.objects.create(name="released")
+    return Response({"retry": True}, status=503)
+
+
 @api_view(["DELETE"])
 @idempotent
 def delete_widget(request, pk: int):
