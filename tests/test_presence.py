@@ -386,3 +386,21 @@ def test_waiters_past_the_cap_get_an_immediate_409(gate, settings):
         gate_obj.opened.set()
         metrics.disconnect(sink)
     assert sorted(r.status_code for r in results) == [201, 201]
+
+
+@pg_only
+@pytest.mark.django_db(transaction=True)
+def test_no_plain_callable_leaves_a_presence_lock_behind():
+    from django_idempotency import inbox
+
+    key = str(uuid.uuid4())
+    with connection.cursor() as cursor:
+        with inbox.once(key, principal="locks", endpoint="task:locks") as attempt:
+            assert attempt.context is not None and attempt.context.claim.present
+            attempt.result = {"ok": True}
+        with inbox.once(key, principal="locks", endpoint="task:locks") as again:
+            assert again.done
+        with pytest.raises(RuntimeError), inbox.once(str(uuid.uuid4()), principal="locks",
+                                                     endpoint="task:locks"):  # fmt: skip
+            raise RuntimeError("the body failed")
+        assert _advisory_locks(cursor) == 0
