@@ -35,6 +35,14 @@ _KEY = presence_key()
 #: statement that ends up not owning the record keeps nothing), then the session lock
 #: once the row is surely its own (reentrant: it cannot wait).
 _TAKE = f"CASE WHEN %(take)s AND pg_try_advisory_xact_lock({_KEY}) THEN pg_backend_pid() END"
+#: ``''`` that, when ``%(async_commit)s`` (the claim is its own transaction), lets its
+#: COMMIT skip the wait for the WAL flush (``SET LOCAL synchronous_commit = off``): the
+#: view's transaction commits after it in the same WAL and waits, so a completion is
+#: never durable without its claim (docs/benchmarks.md, "The claim's commit").
+_ASYNC_COMMIT = (
+    "CASE WHEN %(async_commit)s THEN left(set_config('synchronous_commit', 'off', true), 0) "
+    "ELSE '' END"
+)
 _HOLD = f"CASE WHEN owner_pid IS NOT NULL THEN pg_try_advisory_lock({_KEY}) ELSE false END"
 
 #: The claim: one statement, one round trip.
@@ -61,7 +69,7 @@ WITH claimed AS (
     )
     VALUES (
         %(principal)s, %(endpoint)s, %(key)s, %(fingerprint)s, 'claimed', %(token)s,
-        {_NOW} + %(lease)s * interval '1 second', '', '[]'::jsonb, {_NOW},
+        {_NOW} + %(lease)s * interval '1 second', {_ASYNC_COMMIT}, '[]'::jsonb, {_NOW},
         {_WINDOW_END}, {_WINDOW_END}, {_TAKE}
     )
     ON CONFLICT (principal, endpoint, key) DO NOTHING
@@ -132,16 +140,25 @@ UPDATE {_T} SET state = 'completed', response_status = %(status)s,
 WHERE id = %(id)s AND owner_token = %(token)s AND state = 'claimed'
 """
 
+#: The same completion when the claim knows the row's partition key (the partitioned
+#: claim returns it): PostgreSQL then plans and touches one day partition instead of
+#: every one (docs/benchmarks.md).
+PG_COMPLETE_PRUNED_SQL = PG_COMPLETE_SQL.rstrip() + " AND sweep_after = %(sweep_after)s\n"
+
 #: Completion of a claim whose session holds the presence lock: the same fenced UPDATE,
 #: then the lock is released in the same statement. The aggregate consumes the UPDATE
 #: first, so the row is locked before the presence lock goes: a duplicate that finds
 #: the lock free from then on queues behind the row lock until this transaction ends
 #: and then re-checks its takeover against the completed row (no match).
-PG_COMPLETE_UNLOCK_SQL = f"""
-WITH done AS ({PG_COMPLETE_SQL.strip()}
+_COMPLETE_UNLOCK = """
+WITH done AS ({complete}
 RETURNING 1)
-SELECT n, pg_advisory_unlock({_KEY}) FROM (SELECT count(*) AS n FROM done) d
+SELECT n, pg_advisory_unlock({key}) FROM (SELECT count(*) AS n FROM done) d
 """
+PG_COMPLETE_UNLOCK_SQL = _COMPLETE_UNLOCK.format(complete=PG_COMPLETE_SQL.strip(), key=_KEY)
+PG_COMPLETE_PRUNED_UNLOCK_SQL = _COMPLETE_UNLOCK.format(
+    complete=PG_COMPLETE_PRUNED_SQL.strip(), key=_KEY
+)
 
 #: Release (delete) of a claim we own, with no recovery point, fenced, then the
 #: presence lock released in the same statement (see ``PG_COMPLETE_UNLOCK_SQL``).

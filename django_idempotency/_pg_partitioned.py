@@ -243,12 +243,12 @@ CLAIM_FUNCTION_V3 = f"""
 CREATE OR REPLACE FUNCTION django_idempotency_claim(
     p_principal varchar, p_endpoint varchar, p_key varchar, p_fingerprint varchar,
     p_token uuid, p_lease float8, p_retention float8, p_clock_offset float8,
-    p_take boolean, p_test boolean
+    p_take boolean, p_test boolean, p_async_commit boolean
 ) RETURNS TABLE (
     won boolean, id bigint, owner_token uuid, state varchar, fingerprint varchar,
     recovery_point varchar, lease_remaining float8, expired boolean,
     response_status integer, response_headers jsonb, response_body bytea,
-    owner_pid integer, present boolean, by_presence boolean
+    owner_pid integer, present boolean, by_presence boolean, sweep_after timestamptz
 ) LANGUAGE plpgsql VOLATILE AS $fn$
 #variable_conflict use_column
 DECLARE
@@ -260,6 +260,12 @@ DECLARE
     v_pid integer;
     v_presence bigint := {_PRESENCE_LOCK_KEY};
 BEGIN{_READ_COMMITTED_ONLY}
+    IF p_async_commit THEN
+        -- The claim is its own transaction: its COMMIT need not wait for the WAL
+        -- flush. The view's transaction commits after it in the same WAL and waits,
+        -- so no completion is ever durable without its claim (docs/benchmarks.md).
+        PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
     -- 1. Serialise every writer of this scope until this transaction ends.
     PERFORM {_SCOPE_LOCK.format(p="p_")};
     v_now := clock_timestamp() + p_clock_offset * interval '1 second';
@@ -286,7 +292,8 @@ BEGIN{_READ_COMMITTED_ONLY}
                 END IF;
                 RETURN QUERY SELECT true, v_row.id, NULL::uuid, NULL::varchar,
                     NULL::varchar, v_row.recovery_point, NULL::float8, NULL::boolean,
-                    NULL::integer, NULL::jsonb, NULL::bytea, v_pid, v_pid IS NOT NULL, true;
+                    NULL::integer, NULL::jsonb, NULL::bytea, v_pid, v_pid IS NOT NULL, true,
+                    v_row.sweep_after;
                 RETURN;
             END IF;
         END IF;
@@ -297,7 +304,8 @@ BEGIN{_READ_COMMITTED_ONLY}
                 v_row.fingerprint, v_row.recovery_point,
                 EXTRACT(EPOCH FROM v_row.lease_until - v_now)::float8,
                 v_row.expires_at <= v_now, v_row.response_status::integer,
-                v_row.response_headers, v_row.response_body, v_row.owner_pid, false, false;
+                v_row.response_headers, v_row.response_body, v_row.owner_pid, false, false,
+                v_row.sweep_after;
             RETURN;
         END IF;
         -- Past its retention window and its lease: the key is new. Delete the row
@@ -335,7 +343,7 @@ BEGIN{_READ_COMMITTED_ONLY}
     END IF;
     RETURN QUERY SELECT true, v_id, NULL::uuid, NULL::varchar, NULL::varchar,
         ''::varchar, NULL::float8, NULL::boolean, NULL::integer, NULL::jsonb,
-        NULL::bytea, v_pid, v_pid IS NOT NULL, false;
+        NULL::bytea, v_pid, v_pid IS NOT NULL, false, v_expires;
 END
 $fn$;
 """
@@ -382,19 +390,20 @@ DROP_FUNCTIONS_V1 = [
 #: Dropped when migration 0005 is reversed (version 2 stays).
 DROP_CLAIM_FUNCTION_V3 = (
     "DROP FUNCTION IF EXISTS django_idempotency_claim("
-    "varchar, varchar, varchar, varchar, uuid, float8, float8, float8, boolean, boolean)"
+    "varchar, varchar, varchar, varchar, uuid, float8, float8, float8, boolean, boolean, "
+    "boolean)"
 )
 
 #: The claim on a partitioned table: one statement, one round trip.
 PG_PARTITIONED_CLAIM_SQL = """
 SELECT won, id, owner_token, state, fingerprint, recovery_point, lease_remaining,
        expired, response_status, response_headers, response_body, owner_pid, present,
-       by_presence
+       by_presence, sweep_after
 FROM django_idempotency_claim(
     %(principal)s::varchar, %(endpoint)s::varchar, %(key)s::varchar,
     %(fingerprint)s::varchar, %(token)s::uuid, %(lease)s::float8,
     %(retention)s::float8, %(clock_offset)s::float8, %(take)s::boolean,
-    %(test)s::boolean)
+    %(test)s::boolean, %(async_commit)s::boolean)
 """
 
 _kinds: dict[tuple[str, str], tuple[bool, int | None]] = {}

@@ -6,6 +6,7 @@ Plain values, no SQL: ``store`` makes and reads them, the HTTP glue passes them 
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 from dataclasses import dataclass
 
@@ -67,6 +68,8 @@ class Claim:
     database session holds the record's presence lock (PostgreSQL, a direct
     connection); ``by_presence``: ``taken_over`` without waiting for the lease, because
     the earlier owner's session was gone (docs/robustness.md#owner-presence).
+    ``sweep_after``: the record's partition key, when the partitioned claim returned
+    it (the completion then touches one day partition); ``None`` elsewhere.
     """
 
     scope: Scope
@@ -79,6 +82,7 @@ class Claim:
     lease: float = 0.0
     present: bool = False
     by_presence: bool = False
+    sweep_after: dt.datetime | None = None
 
 
 @dataclass(frozen=True)

@@ -241,7 +241,13 @@ def begin(
 
 
 def _claim(
-    scope: store.Scope, fp: str, options: Options, using: str, *, may_run: bool, view_name: str
+    scope: store.Scope,
+    fp: str,
+    options: Options,
+    using: str,
+    *,
+    may_run: bool,
+    view_name: str = "",
 ) -> Respond | Proceed | CannotRun:
     signal_kwargs = {
         "principal": scope.principal,

@@ -44,6 +44,8 @@ from django.db.models.functions import Greatest
 from . import clock, presence
 from ._pg import (
     PG_CLAIM_SQL,
+    PG_COMPLETE_PRUNED_SQL,
+    PG_COMPLETE_PRUNED_UNLOCK_SQL,
     PG_COMPLETE_SQL,
     PG_COMPLETE_UNLOCK_SQL,
     PG_EXTEND_SQL,
@@ -290,6 +292,9 @@ def _insert(
             retention=retention,
             take=take,
             test=presence.tests(connection),
+            # Its own transaction (not a caller's): its COMMIT need not wait for the
+            # WAL flush, the view's later COMMIT flushes it (docs/benchmarks.md).
+            async_commit=not connection.in_atomic_block,
         )
         # A day-partitioned table (docs/retention.md) has no unique index to conflict
         # with: a server-side function locks the scope, looks it up, then inserts.
@@ -337,6 +342,7 @@ def _insert(
                 lease=lease,
                 present=bool(data["present"]),
                 by_presence=bool(data["by_presence"]),
+                sweep_after=data.get("sweep_after"),
             )
             if won.present:
                 presence.hold(won)
@@ -565,15 +571,20 @@ def complete(claim: Claim, response: StoredResponse) -> None:
             "grace": claim.lease,
             "clock_offset": clock.offset(),
         }
+        pruned = claim.sweep_after is not None  # one day partition planned, not all
+        if pruned:
+            params["sweep_after"] = claim.sweep_after
         if claim.present and presence.holds(claim):  # the lock goes in the same statement
             params.update(_scope_filter(claim.scope))
             with _fenced_errors(claim), connection.cursor() as cursor:
-                cursor.execute(PG_COMPLETE_UNLOCK_SQL, params)
+                cursor.execute(
+                    PG_COMPLETE_PRUNED_UNLOCK_SQL if pruned else PG_COMPLETE_UNLOCK_SQL, params
+                )
                 updated = cursor.fetchone()[0]
             presence.dropped(claim)
         else:
             with _fenced_errors(claim), connection.cursor() as cursor:
-                cursor.execute(PG_COMPLETE_SQL, params)
+                cursor.execute(PG_COMPLETE_PRUNED_SQL if pruned else PG_COMPLETE_SQL, params)
                 updated = cursor.rowcount
     else:
         now = _now_value(claim.using)
