@@ -41,5 +41,7 @@ IDEMPOTENCY = {
     "OUTBOX_KICK": False,
     # BENCH_PARTITIONED=false: the plain table (docs/retention.md), for comparison.
     "PARTITION_RECORDS": env.bool("BENCH_PARTITIONED", default=True),
+    # BENCH_OWNER_PRESENCE=false: the lease alone (docs/robustness.md#owner-presence).
+    "OWNER_PRESENCE": env.bool("BENCH_OWNER_PRESENCE", default=True),
 }
 LOGGING = {"version": 1, "disable_existing_loggers": False, "root": {"level": "WARNING"}}
