@@ -396,7 +396,8 @@ def test_no_plain_callable_leaves_a_presence_lock_behind():
     key = str(uuid.uuid4())
     with connection.cursor() as cursor:
         with inbox.once(key, principal="locks", endpoint="task:locks") as attempt:
-            assert attempt.context is not None and attempt.context.claim.present
+            assert attempt.context is not None
+            assert attempt.context.claim.present == _direct()  # off behind a pooler
             attempt.result = {"ok": True}
         with inbox.once(key, principal="locks", endpoint="task:locks") as again:
             assert again.done
