@@ -394,10 +394,11 @@ def test_no_plain_callable_leaves_a_presence_lock_behind():
     from django_idempotency import inbox
 
     key = str(uuid.uuid4())
+    direct = _direct()
     with connection.cursor() as cursor:
         with inbox.once(key, principal="locks", endpoint="task:locks") as attempt:
             assert attempt.context is not None
-            assert attempt.context.claim.present == _direct()  # off behind a pooler
+            assert attempt.context.claim.present == direct  # off behind a pooler
             attempt.result = {"ok": True}
         with inbox.once(key, principal="locks", endpoint="task:locks") as again:
             assert again.done
