@@ -187,7 +187,15 @@ def writes_from_a_worker_thread(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"ok": True}, status=201)
 
 
+@idempotent(principal=principal)
+def plain(request: HttpRequest) -> JsonResponse:
+    """Records on default; writes one row there."""
+    Widget.objects.create(name="plain")
+    return JsonResponse({"ok": True}, status=201)
+
+
 urlpatterns = [
+    path("plain", plain),
     path("worker-thread", writes_from_a_worker_thread),
     path("streams", streams_to_default),
     path("on-commit", on_commit_to_default),
@@ -363,6 +371,46 @@ def test_a_waiting_duplicate_never_waits_longer_than_its_wait() -> None:
     )
 
 
+def test_a_failure_between_the_claim_and_the_view_leaks_the_presence_lock() -> None:
+    """FINDING. A ``claimed`` signal receiver that raises (a metrics exporter whose
+    backend is down, an audit hook) fails the request after ``store.claim`` took the
+    session-level presence lock but before ``execution.execute`` (whose ``finally``
+    calls ``presence.ensure_released``) is entered: nothing releases the lock. On a
+    persistent connection the idle session keeps it, so the dead request looks present:
+    a retry from another session gets 409 for the whole lease instead of taking over at
+    once, and the lock outlives the lease. The docs say "No lock leaks ... every other
+    way out of a request ... releases it". Responsible: ``protocol._claim`` sends
+    ``signals.claimed`` (and ``glue.run`` opens ``atomic_requests_blocks``) outside any
+    ``try`` that releases the claim. Expected: no advisory lock left in the session."""
+    key = str(uuid.uuid4())
+
+    def broken_receiver(sender: Any, **kwargs: Any) -> None:
+        raise RuntimeError("the metrics backend is down")
+
+    signals.claimed.connect(broken_receiver)
+    try:
+        response = post("/plain", key)
+    finally:
+        signals.claimed.disconnect(broken_receiver)
+    assert response.status_code == 500
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        pid = cursor.fetchone()[0]
+    leaked = advisory_locks_held(pid)
+
+    def retry() -> int:
+        try:
+            return int(post("/plain", key).status_code)
+        finally:
+            connections.close_all()
+
+    runner = Runner()
+    runner.start(retry)
+    (status,) = runner.join()
+    assert leaked == 0, "the failed request's session still holds the presence lock"
+    assert status != 409, "a retry of a dead request waits for the lease"
+
+
 # --- 2. the write guard -------------------------------------------------------------
 
 
@@ -411,6 +459,8 @@ RAW_SQL.update(
     {
         "explain-analyze": "EXPLAIN ANALYZE INSERT INTO testapp_widget (name, size) "
         "VALUES ('explained', 0)",
+        "select-then-insert": "SELECT 1; INSERT INTO testapp_widget (name, size) "
+        "VALUES ('second statement', 0)",
         "select-into": "SELECT 1 AS n INTO TEMP TABLE review_select_into",
         "prepare-execute": "PREPARE review_ins AS INSERT INTO testapp_widget (name, size) "
         "VALUES ('prepared', 0); EXECUTE review_ins",
@@ -420,12 +470,14 @@ RAW_SQL.update(
 )
 
 
-@pytest.mark.parametrize("name", ["explain-analyze", "prepare-execute"])
+@pytest.mark.parametrize("name", ["explain-analyze", "prepare-execute", "select-then-insert"])
 def test_statements_that_write_but_do_not_start_with_a_write_keyword(name: str) -> None:
     """FINDING. ``write_guard.writes`` reads only the statement's first keyword, so
     statements PostgreSQL executes as writes pass the guard: ``EXPLAIN ANALYZE INSERT``
-    (EXPLAIN ANALYZE runs the statement) and ``PREPARE ... ; EXECUTE`` (EXECUTE is not
-    in the list). The row lands on ``default`` and the response is
+    (EXPLAIN ANALYZE runs the statement), ``PREPARE ... ; EXECUTE`` (EXECUTE is not
+    in the list), and any write placed after a first read in one multi-statement
+    string (``SELECT 1; INSERT ...``: psycopg 3's client-side cursor, Django's default,
+    sends it as one simple query). The row lands on ``default`` and the response is
     stored on ``shard``. Expected: refused (EXPLAIN ANALYZE and EXECUTE need no
     parsing, only two more leading keywords)."""
     key = str(uuid.uuid4())
