@@ -20,7 +20,7 @@ from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
 from django.test import Client
 from django.urls import path
 
-from django_idempotency import presence, signals, store
+from django_idempotency import clock, presence, signals, store
 from django_idempotency.decorators import idempotent
 from django_idempotency.inbox import once
 from django_idempotency.models import IdempotencyRecord, RecordState
@@ -409,6 +409,101 @@ def test_a_failure_between_the_claim_and_the_view_leaks_the_presence_lock() -> N
     (status,) = runner.join()
     assert leaked == 0, "the failed request's session still holds the presence lock"
     assert status != 409, "a retry of a dead request waits for the lease"
+
+
+def test_a_waiter_that_times_out_leaves_no_lock_and_frees_its_place() -> None:
+    """HOLDS. A duplicate waiting on a live owner's presence lock gives up after its
+    ``seconds`` (``lock_timeout``), returns ``False``, holds no advisory lock afterwards
+    (its shared lock is transaction-scoped) and leaves the ``MAX_WAITERS`` count as it
+    found it; the owner, still running, is not taken over."""
+    sc = store.Scope(PRINCIPAL, "POST /waiter-timeout", str(uuid.uuid4()))
+    claimed = threading.Event()
+    done = threading.Event()
+
+    def owner() -> None:
+        try:
+            won = store.claim(sc, FP, lease=30, retention=3600)
+            assert isinstance(won, store.Claim) and won.present
+            claimed.set()
+            assert done.wait(30)
+            with transaction.atomic():
+                store.complete(won, store.StoredResponse(201, [], b"{}"))
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=owner, daemon=True)
+    thread.start()
+    try:
+        assert claimed.wait(30)
+        before = presence.waiters.count
+        assert presence.wait_for_owner("default", sc, 0.3) is False
+        assert presence.waiters.count == before
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            pid = cursor.fetchone()[0]
+        assert advisory_locks_held(pid) == 0
+        found = store.claim(sc, FP, lease=30, retention=3600)
+        assert isinstance(found, store.Existing) and found.response is None  # not taken
+    finally:
+        done.set()
+        thread.join(30)
+    assert advisory_locks_held() == 0
+
+
+def test_after_a_takeover_by_lease_the_new_owner_is_never_taken_over_by_presence() -> None:
+    """HOLDS. Owner O (its own session, holding the presence lock) outlives its lease;
+    D takes the claim over by lease while O still holds the lock, so D's claim has no
+    presence (``owner_pid`` NULL). O then completes: fenced off (``LeaseLost``), its
+    statement releases O's lock. A third contender E, from a third session, now finds
+    the lock free, but the record names no present owner: it gets the in-flight record
+    (the lease decides for D), never a presence takeover of the live D."""
+    sc = store.Scope(PRINCIPAL, "POST /lease-takeover", str(uuid.uuid4()))
+    claimed, go, finished = threading.Event(), threading.Event(), threading.Event()
+    outcome: dict[str, Any] = {}
+
+    def in_thread(func: Any) -> Any:
+        def run() -> None:
+            try:
+                func()
+            finally:
+                connections.close_all()
+
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        return thread
+
+    def owner() -> None:
+        won = store.claim(sc, FP, lease=5, retention=3600)
+        assert isinstance(won, store.Claim) and won.present
+        claimed.set()
+        assert go.wait(30)
+        try:
+            with transaction.atomic():
+                store.complete(won, store.StoredResponse(201, [], b"{}"))
+        except store.LeaseLost:
+            outcome["owner"] = "fenced"
+        finished.set()
+
+    def third() -> None:
+        outcome["third"] = store.claim(sc, FP, lease=30, retention=3600)
+
+    o = in_thread(owner)
+    try:
+        assert claimed.wait(30)
+        clock.set_offset(10)  # O's lease has run out; O is still alive and present
+        taken = store.claim(sc, FP, lease=30, retention=3600)
+        assert isinstance(taken, store.Claim) and taken.taken_over
+        assert not taken.by_presence and not taken.present
+        go.set()
+        assert finished.wait(30)
+        in_thread(third).join(30)
+    finally:
+        go.set()
+        o.join(30)
+        clock.set_offset(0)
+    assert outcome["owner"] == "fenced"
+    assert isinstance(outcome["third"], store.Existing)
+    assert outcome["third"].response is None and outcome["third"].lease_remaining > 0
 
 
 # --- 2. the write guard -------------------------------------------------------------
