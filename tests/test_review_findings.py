@@ -194,7 +194,22 @@ def plain(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"ok": True}, status=201)
 
 
+@idempotent(principal=principal, using="shard")
+def composed_to_default(request: HttpRequest) -> JsonResponse:
+    """Records on shard; inserts into default with a psycopg ``sql.Composed`` query
+    (psycopg's safe way to put an identifier into a statement)."""
+    from psycopg import sql
+
+    query = sql.SQL("INSERT INTO {} (name, size) VALUES (%s, %s)").format(
+        sql.Identifier("testapp_widget")
+    )
+    with connections["default"].cursor() as cursor:
+        cursor.execute(query, ["composed", 0])
+    return JsonResponse({"ok": True}, status=201)
+
+
 urlpatterns = [
+    path("composed", composed_to_default),
     path("plain", plain),
     path("worker-thread", writes_from_a_worker_thread),
     path("streams", streams_to_default),
@@ -588,6 +603,28 @@ def test_a_write_behind_a_nested_block_comment_is_refused() -> None:
     post("/raw", key, HTTP_X_SQL="nested-comment")
     assert widgets("default") == 0
     assert completed("shard") == 0
+
+
+def test_a_composed_psycopg_query_that_writes_is_not_guarded() -> None:
+    """FINDING. ``write_guard.writes`` promises to judge "a string, or a composed
+    psycopg query", but it takes ``str(sql)``, which for a ``psycopg.sql.Composed`` is
+    its repr (``"Composed([SQL('INSERT INTO '), Identifier(...), ...])"``): the first
+    word is ``Composed``, so no composed statement is ever judged a write. A view whose
+    record is on ``shard`` inserts into ``default`` with ``sql.SQL(...).format(...)``
+    and the row lands there; the response is stored. Responsible: ``writes()``'s
+    ``text = sql if isinstance(sql, str) else str(sql)``. Fix: render it
+    (``sql.as_string(connection)``) before matching."""
+    key = str(uuid.uuid4())
+    post("/composed", key)
+    assert widgets("default") == 0, "a composed INSERT wrote to default unguarded"
+    assert completed("shard") == 0
+
+
+def test_a_bytes_query_that_writes_is_not_judged_a_write() -> None:
+    """FINDING (same line as the composed query). psycopg accepts a query as
+    ``bytes``; ``str(b"INSERT ...")`` is ``"b'INSERT ..."``, whose first word is ``b``,
+    so ``cursor.execute(b"INSERT ...")`` on another database passes the guard."""
+    assert writes(b"INSERT INTO testapp_widget (name, size) VALUES ('b', 0)")
 
 
 def test_select_into_creates_a_table_unguarded() -> None:
