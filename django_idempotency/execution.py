@@ -154,14 +154,16 @@ def _execute_atomic(
         with transactions.atomic(claim.using):
             with write_guard.guard(view_name, claim.scope.endpoint, claim.using) as guard:
                 response = finalize(call())
+                release = options.should_release(response.status_code)
+                doomed = "" if release else transactions.doomed(claim.using)
+                if not (release or doomed):  # a streaming body is consumed here, guarded
+                    stored = snapshot(response, options.get_replay_headers())
             guard.check()  # a refused write the view caught still fails the request
-            if options.should_release(response.status_code):
+            if release:
                 raise _Release(response)
-            doomed = transactions.doomed(claim.using)
             if doomed:
                 _log_doomed(claim, doomed, response.status_code)
                 raise _Release(response)  # nothing of it can commit: nothing to store
-            stored = snapshot(response, options.get_replay_headers())
             if getattr(response, "streaming", False):
                 response = rebuild_consumed(response, stored)
             stage = "complete"

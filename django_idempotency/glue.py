@@ -15,7 +15,7 @@ from django.db import connections, transaction
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 
-from . import execution, protocol
+from . import execution, presence, protocol
 from .context import UnprotectedContext
 from .options import Options
 
@@ -121,5 +121,8 @@ def run(
     assert isinstance(decision, protocol.Proceed)  # CannotRun only when may_run is False
     # Other databases with ATOMIC_REQUESTS keep their per-request transaction; the
     # record's database gets the view's own block, opened after the claim committed.
-    with atomic_requests_blocks(exclude=decision.claim.using):
-        return execution.execute(decision, request, call, finalize)
+    try:
+        with atomic_requests_blocks(exclude=decision.claim.using):
+            return execution.execute(decision, request, call, finalize)
+    finally:  # also when a block could not be opened and the view never ran
+        presence.ensure_released(decision.claim)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 import weakref
 from contextlib import suppress
@@ -66,13 +67,17 @@ def direct(connection: Any) -> bool:
 def takes(connection: Any) -> bool:
     """Whether a claim on ``connection`` takes the presence lock now.
 
-    PostgreSQL only, outside a caller's transaction (a claim that cannot commit on its
-    own is not visible to duplicates anyway), and per ``OWNER_PRESENCE``: ``True``
-    always, ``False`` never, ``"auto"`` when :func:`direct`.
+    PostgreSQL only, outside a caller's transaction (an atomic block or manual
+    transactions: a claim that cannot commit on its own is not visible to duplicates
+    anyway, and a rollback of that transaction would leave the lock held), and per
+    ``OWNER_PRESENCE``: ``True`` always, ``False`` never, ``"auto"`` when
+    :func:`direct`.
     """
     mode = conf.owner_presence
-    if connection.vendor != "postgresql" or mode is False or connection.in_atomic_block:
+    if connection.vendor != "postgresql" or mode is False:
         return False
+    if connection.in_atomic_block or not connection.get_autocommit():
+        return False  # the claim joins a caller's transaction (atomic or manual)
     return mode is True or direct(connection)
 
 
@@ -200,12 +205,17 @@ def wait_for_owner(using: str, scope: Scope, seconds: float) -> bool:
     if not waiters.enter():
         raise WaitersFull
     try:
-        timeout_ms = max(1, int(seconds * 1000))
+        deadline = time.monotonic() + seconds
         try:
             with transaction.atomic(using=using), connections[using].cursor() as cursor:
-                cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{timeout_ms}ms"])
-                cursor.execute(_pg.PG_WAIT_PRESENCE_SQL, _params(scope))
-                cursor.execute(_pg.PG_WAIT_ROW_SQL, _params(scope))
+                # lock_timeout bounds each lock wait on its own: the second gets what is
+                # left of ``seconds``, so the two never add up to more.
+                for statement in (_pg.PG_WAIT_PRESENCE_SQL, _pg.PG_WAIT_ROW_SQL):
+                    left_ms = int((deadline - time.monotonic()) * 1000)
+                    if left_ms < 1:
+                        return False
+                    cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{left_ms}ms"])
+                    cursor.execute(statement, _params(scope))
         except OperationalError as exc:
             if getattr(exc.__cause__, "sqlstate", None) == _LOCK_NOT_AVAILABLE:
                 return False

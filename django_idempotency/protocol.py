@@ -279,12 +279,16 @@ def _claim(
         if result is None:
             return CANNOT_RUN
         if isinstance(result, store.Claim):
-            signals.claimed.send(
-                scope.endpoint,
-                taken_over=result.taken_over,
-                presence=result.by_presence,
-                **signal_kwargs,
-            )
+            try:
+                signals.claimed.send(
+                    scope.endpoint,
+                    taken_over=result.taken_over,
+                    presence=result.by_presence,
+                    **signal_kwargs,
+                )
+            except BaseException:  # a receiver failed: this request will not run the view
+                presence.ensure_released(result)  # so a retry may take the claim over
+                raise
             return Proceed(result, options, view_name)
         if result.fingerprint != fp:
             signals.mismatched.send(scope.endpoint, **signal_kwargs)

@@ -223,9 +223,10 @@ def claim(
         django.db.DatabaseError: the database failed; nothing was claimed.
     """
     using = using or database_for_write()
-    if connections[using].in_atomic_block:
+    if not own_transaction(connections[using]):
         # Inside a transaction we did not open (TestCase, ATOMIC_REQUESTS without the
-        # exemption) the claim is not committed until that transaction is.
+        # exemption, manual transactions) the claim is not committed until that
+        # transaction is.
         won = _claim(scope, fingerprint, lease, retention, using)
         if isinstance(won, Claim):
             return dataclasses.replace(won, committed=False)
@@ -294,7 +295,7 @@ def _insert(
             test=presence.tests(connection),
             # Its own transaction (not a caller's): its COMMIT need not wait for the
             # WAL flush, the view's later COMMIT flushes it (docs/benchmarks.md).
-            async_commit=not connection.in_atomic_block,
+            async_commit=own_transaction(connection),
         )
         # A day-partitioned table (docs/retention.md) has no unique index to conflict
         # with: a server-side function locks the scope, looks it up, then inserts.
@@ -372,6 +373,16 @@ def _insert(
     return Claim(scope, record.pk, token, False, "", using, lease=lease), None
 
 
+def own_transaction(connection: Any) -> bool:
+    """Whether a statement on ``connection`` commits on its own (autocommit, no block).
+
+    False inside an ``atomic()`` block and with manual transactions
+    (``set_autocommit(False)``, ``AUTOCOMMIT: False``): the statement then joins the
+    caller's transaction, which may hold the caller's own writes.
+    """
+    return not connection.in_atomic_block and connection.get_autocommit()
+
+
 def _claim_transaction(connection: Any) -> AbstractContextManager[None]:
     """The transaction a PostgreSQL claim statement runs in.
 
@@ -382,7 +393,7 @@ def _claim_transaction(connection: Any) -> AbstractContextManager[None]:
     READ COMMITTED transaction: its look-up must see every row committed before the
     scope's lock was granted, and a snapshot taken earlier would not.
     """
-    if connection.in_atomic_block:
+    if not own_transaction(connection):  # an atomic block, or manual transactions
         block: AbstractContextManager[None] = transaction.atomic(using=connection.alias)
         return block
     if connection.alias in _strict_databases or stricter_than_read_committed(connection):

@@ -15,42 +15,108 @@ not guarded: each phase commits on its own and a write elsewhere is an effect ou
 the record's transaction, like a call to another service (docs/phases.md). Databases
 listed in ``UNGUARDED_DATABASES`` are not guarded either. See docs/deployment.md.
 
-Detection reads the statement's first keyword: a function that writes called from a
-``SELECT`` is not seen.
+Detection parses the statement (:func:`writes`): a function that writes, called from a
+``SELECT``, is not seen; nor are writes that bypass Django's cursor ``execute`` (psycopg's
+``cursor.copy()``), writes from threads the view starts (each has its own
+connections), or ``on_commit`` callbacks, which run after the view (docs/deployment.md).
 """
 
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
+import sqlparse
 from django.db import connections
+from sqlparse.tokens import Comment, Keyword, Punctuation
 
 from .conf import conf
 
 logger = logging.getLogger("django_idempotency")
 
-#: The first keyword of a statement that writes (after comments and parentheses).
-_WRITES = re.compile(
-    r"(?:\s|\(|/\*.*?\*/|--[^\n]*\n)*"
-    r"(INSERT|UPDATE|DELETE|MERGE|REPLACE|UPSERT|TRUNCATE|CREATE|ALTER|DROP|RENAME|COPY"
-    r"|GRANT|REVOKE|COMMENT|CALL|DO|REFRESH|REINDEX|CLUSTER|VACUUM|IMPORT|SECURITY)\b",
-    re.IGNORECASE | re.DOTALL,
-)
-#: A ``WITH`` query with a data-modifying part (PostgreSQL).
-_WITH_WRITES = re.compile(
-    r"(?:\s|\(|/\*.*?\*/|--[^\n]*\n)*WITH\b.*\b(INSERT|UPDATE|DELETE|MERGE)\b",
-    re.IGNORECASE | re.DOTALL,
+#: Tokens that are not words of the statement.
+_SKIP = (
+    Comment.Single,
+    Comment.Multiline,
+    Comment.Single.Hint,
+    Comment.Multiline.Hint,
+    Punctuation,
 )
 
+#: A statement that starts with one of these writes (or may: ``DO``, ``CALL``).
+_WRITE_FIRST_WORDS = frozenset(
+    {
+        "INSERT", "UPDATE", "DELETE", "MERGE", "REPLACE", "UPSERT", "TRUNCATE", "CREATE",
+        "ALTER", "DROP", "RENAME", "COPY", "GRANT", "REVOKE", "COMMENT", "CALL", "DO",
+        "REFRESH", "REINDEX", "CLUSTER", "VACUUM", "IMPORT", "SECURITY", "EXECUTE",
+    }
+)  # fmt: skip
+#: Data-modifying keywords anywhere in a statement (a ``WITH`` part, ``EXPLAIN ANALYZE``).
+_WRITE_DML = frozenset({"INSERT", "UPDATE", "DELETE", "MERGE", "REPLACE", "UPSERT"})
+#: Substrings without which no statement can write: most reads skip the parse.
+_HINTS = tuple(word.lower() for word in _WRITE_FIRST_WORDS | {"INTO"})
 
-def writes(sql: object) -> bool:
-    """Whether the statement ``sql`` (a string, or a composed psycopg query) writes."""
-    text = sql if isinstance(sql, str) else str(sql)
-    return bool(_WRITES.match(text) or _WITH_WRITES.match(text))
+
+def _text(sql: object, connection: Any = None) -> str:
+    """The statement as text: a string, bytes, or a composed psycopg query rendered."""
+    if isinstance(sql, str):
+        return sql
+    if isinstance(sql, (bytes, bytearray, memoryview)):
+        return bytes(sql).decode("utf-8", "replace")
+    as_string = getattr(sql, "as_string", None)
+    if callable(as_string):
+        try:
+            return str(as_string(connection))
+        except Exception:  # no connection to render with: judge the repr
+            return str(sql)
+    return str(sql)
+
+
+def _statement_writes(statement: sqlparse.sql.Statement) -> bool:
+    tokens = statement.flatten()  # type: ignore[no-untyped-call]
+    words = [
+        t for t in tokens if not (t.is_whitespace or t.ttype in Comment or t.ttype in Punctuation)
+    ]
+    if not words:
+        return False
+    first = words[0].normalized.upper()
+    if first in _WRITE_FIRST_WORDS:
+        return True
+    keywords = [t.normalized.upper() for t in words if t.ttype in Keyword]
+    if first == "EXPLAIN":  # only EXPLAIN ANALYZE runs the statement
+        analyzed = "ANALYZE" in keywords or "ANALYSE" in keywords
+        return analyzed and any(word in _WRITE_DML for word in keywords)
+    for index, word in enumerate(keywords):
+        before = keywords[index - 1] if index else ""
+        if word in _WRITE_DML and not (word == "UPDATE" and before in ("FOR", "KEY")):
+            return True  # FOR UPDATE / FOR NO KEY UPDATE only lock rows
+        if word in ("CREATE", "DROP", "ALTER", "TRUNCATE"):
+            return True
+    return first == "SELECT" and "INTO" in keywords  # SELECT ... INTO creates a table
+
+
+def writes(sql: object, connection: Any = None) -> bool:
+    """Whether the statement(s) ``sql`` may write.
+
+    Args:
+        sql: a string, bytes, or a composed psycopg query (rendered with
+            ``connection``, the driver's connection).
+        connection: the DB-API connection, to render a composed query.
+
+    Each statement of a multi-statement string is judged; comments and literals are
+    skipped (sqlparse, which Django already depends on). A statement writes when it
+    starts with a writing command (``INSERT``, ``UPDATE``, ``DELETE``, ``MERGE``, DDL,
+    ``COPY``, ``EXECUTE``, ``CALL``, ``DO``, ...), has a data-modifying part (a ``WITH``
+    query, ``EXPLAIN ANALYZE``), or is a ``SELECT ... INTO``. Row locks (``FOR
+    UPDATE``) are reads. A function that writes, called from a ``SELECT``, is not seen.
+    """
+    text = _text(sql, connection)
+    lowered = text.lower()
+    if not any(hint in lowered for hint in _HINTS):
+        return False
+    return any(_statement_writes(statement) for statement in sqlparse.parse(text))
 
 
 class CrossDatabaseWrite(RuntimeError):
@@ -98,7 +164,7 @@ class WriteGuard:
         context: dict[str, Any],
     ) -> Any:
         """Run the statement, unless it writes (then raise :class:`CrossDatabaseWrite`)."""
-        if writes(sql):
+        if writes(sql, getattr(context["connection"], "connection", None)):
             alias = context["connection"].alias
             error = CrossDatabaseWrite(
                 self.view, self.endpoint, self.record_database, alias, self.kind

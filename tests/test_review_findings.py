@@ -1,9 +1,10 @@
 """Adversarial review of owner presence, the write guard and the claim's asynchronous
 commit, on PostgreSQL (real threads, separate sessions).
 
-A test whose docstring starts with "FINDING" fails against the library as it is and
-shows a defect; one that starts with "HOLDS" is an attack that failed, kept because it
-pins a property the feature promises.
+A test whose docstring starts with "FINDING" showed a defect when it was written; the
+defects are fixed and the tests guard the fixes, except four documented limits, kept as
+strict ``xfail`` tests (they fail while the limit stands). One that starts with "HOLDS"
+is an attack that failed, kept because it pins a property the feature promises.
 """
 
 from __future__ import annotations
@@ -270,6 +271,13 @@ def _direct_presence() -> None:
 # --- 1. owner presence --------------------------------------------------------------
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "documented limit (docs/robustness.md, owner presence): "
+        "a view that closes its database connection gives up its presence; later phases are fenced"
+    ),
+)
 def test_a_live_phased_owner_that_closes_its_idle_connection_is_taken_over_at_once() -> None:
     """FINDING. A phased owner is alive and working (between two phases, in a long
     downstream call) but has closed its idle database connection, as Django's
@@ -538,6 +546,13 @@ def test_a_streaming_bodys_write_to_another_database_is_stored_and_replayed() ->
     assert completed("shard") == 0, "a response with an unguarded write was stored"
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "documented limit (docs/deployment.md): "
+        "on_commit callbacks run after the view's transaction, outside the guard"
+    ),
+)
 def test_an_on_commit_callbacks_write_to_another_database_slips_through() -> None:
     """FINDING (weaker: a design limit worth stating). A view registers
     ``transaction.on_commit(..., using="shard")`` that writes to ``default``. It runs
@@ -551,6 +566,12 @@ def test_an_on_commit_callbacks_write_to_another_database_slips_through() -> Non
     assert widgets("default") == 0, "an on_commit callback wrote to default unguarded"
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "documented limit (docs/deployment.md): threads the view starts have their own connections"
+    ),
+)
 def test_a_write_from_a_thread_the_view_starts_is_not_guarded() -> None:
     """FINDING (weaker: documented only in ``guard()``'s docstring, "this thread's
     connections"). A single-transaction view hands a write to ``default`` to a worker
@@ -633,6 +654,13 @@ def test_select_into_creates_a_table_unguarded() -> None:
     assert writes(RAW_SQL["select-into"]), "SELECT ... INTO creates a table"
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "documented limit (docs/deployment.md): "
+        "psycopg's cursor.copy() bypasses Django's execute wrappers"
+    ),
+)
 def test_psycopg_copy_through_djangos_cursor_is_not_guarded() -> None:
     """FINDING. ``cursor.copy("COPY ... FROM STDIN")`` on Django's own cursor wrapper
     (``connections["default"].cursor()``, psycopg 3's bulk-load API, reached through
