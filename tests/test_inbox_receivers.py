@@ -89,6 +89,17 @@ def test_a_drf_receiver_reads_a_nested_body_field():
     assert Widget.objects.count() == 1
 
 
+def test_a_drf_redelivery_asking_for_an_unrenderable_type_gets_the_stored_response():
+    event = {"data": {"event_id": "msg_accept"}}
+    first = deliver("/hooks/drf", event)
+    again = deliver("/hooks/drf", event, HTTP_ACCEPT="application/xml")
+    assert first.status_code == 201 and again.status_code == 201
+    assert again["Idempotent-Replayed"] == "true" and again.content == first.content
+    fresh = deliver("/hooks/drf", {"data": {"event_id": "msg_new"}}, HTTP_ACCEPT="text/csv")
+    assert fresh.status_code == 406  # the view would have to run: DRF's answer, nothing run
+    assert Widget.objects.count() == 1
+
+
 def test_a_combined_key_joins_its_parts():
     first = deliver("/hooks/combined", EVENT, HTTP_X_SOURCE="eu")
     other_source = deliver("/hooks/combined", EVENT, HTTP_X_SOURCE="us")
