@@ -41,6 +41,7 @@ FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(until)s::timestamptz[]
      AS c(id, attempts, until)
 WHERE m.id = c.id AND m.attempts = c.attempts AND m.available_at = c.until
   AND m.state = 'pending'
+  AND m.id = ANY(%(ids)s::bigint[])  -- by primary key, whatever the table's size
 RETURNING m.id
 """
 _NOW = "(statement_timestamp() + %(offset)s * interval '1 second')"

@@ -1,32 +1,37 @@
 """The outbox relay: claim due messages, call their handlers, mark them (docs/outbox.md).
 
-:func:`deliver_batch` is one pass:
+:func:`deliver_batch` is one pass (:class:`Relay` runs many, writing a batch's last
+marks while it claims the next):
 
 1. **Claim**, in one short statement: the oldest due ``pending`` messages are locked
    with ``SELECT ... FOR UPDATE SKIP LOCKED`` (PostgreSQL), their ``attempts`` is
    incremented and their ``available_at`` moved to the end of the relay lease. The
    transaction commits at once; concurrent relays skip the locked rows and then see
-   them as not due, so no message is claimed twice while its lease runs.
+   them as not due, so no message is claimed twice while its lease runs. The same
+   statement dead-letters the abandoned messages it meets (last attempt used up).
 2. **Deliver**, outside any transaction the relay holds: each handler is called with
-   the message and its dedup key.
+   the message and its dedup key, one by one or in a bounded thread pool
+   (``threads``).
 3. **Mark**, fenced by the claim (its lease end and attempt count, so a relay whose
    lease ran out cannot overwrite the relay that took the message over): a failure at
    once, with a retry ``available_at`` from exponential backoff with full jitter, or
-   ``dead`` after ``OUTBOX_MAX_ATTEMPTS`` attempts; the delivered messages together,
-   ``sent``, in one UPDATE at the end of the batch.
+   ``dead`` after ``OUTBOX_MAX_ATTEMPTS`` attempts; the delivered messages ``sent`` in
+   groups no older than ``OUTBOX_MARK_DELAY``, one UPDATE per group, written by a
+   watchdog thread if a handler blocks meanwhile (``django_idempotency.marks``).
 
 A relay killed between 1 and 3 leaves its messages ``pending`` with ``available_at``
-at the lease's end: they are delivered again after it, including those of the batch
-it had already delivered. Delivery is therefore at least once; the dedup key makes it
-effectively once downstream. Smaller batches shrink what a crash redelivers; larger
-ones cost fewer commits per message (benchmarks/relay.py). On SQLite (no SKIP LOCKED)
-the claim is a conditional UPDATE per message: concurrent relays stay correct but
-serialise on the database's single writer, so run one relay. Clock: the store's
-(``django_idempotency.clock``).
+at the lease's end: they are delivered again after it, including those whose mark was
+still waiting in its group. Delivery is therefore at least once; the dedup key makes
+it effectively once downstream. Smaller batches shrink what a crash redelivers;
+larger ones cost fewer statements per message (benchmarks/relay.py). On SQLite (no
+SKIP LOCKED) the claim is a conditional UPDATE per message: concurrent relays stay
+correct but serialise on the database's single writer, so run one relay; marks are
+written one by one there. Clock: the store's (``django_idempotency.clock``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import logging
@@ -83,17 +88,15 @@ WITH due AS (
         last_error = CASE WHEN m.attempts >= %(max)s
                           THEN 'attempt ' || m.attempts || %(abandoned)s
                           ELSE m.last_error END
-    FROM due
-    WHERE m.id = due.id
+    WHERE m.id = ANY(ARRAY(SELECT id FROM due))  -- by primary key, whatever the table's size
     RETURNING m.id, m.topic, m.payload, m.dedup_key, m.attempts,
               m.available_at AT TIME ZONE 'UTC' AS until,
               m.created_at AT TIME ZONE 'UTC' AS created, m.record_id,
-              EXTRACT(EPOCH FROM {now} - m.created_at)::float8 AS age, m.state,
-              due.available_at AS due_at
+              EXTRACT(EPOCH FROM {now} - m.created_at)::float8 AS age, m.state
 )
-SELECT id, topic, payload, dedup_key, attempts, until, created, record_id, age, state
-FROM claimed
-ORDER BY due_at, id
+SELECT claimed.id, topic, payload, dedup_key, attempts, until, created, record_id, age, state
+FROM claimed JOIN due ON due.id = claimed.id
+ORDER BY due.available_at, claimed.id
 """
 
 
@@ -203,6 +206,7 @@ class Relay:
         if threads is not None and int(threads) < 1:
             raise ValueError(f"threads must be at least 1, not {threads}")
         self._marks = Marks(self.using, conf.outbox_mark_delay, _report_sent)
+        self._pool: _Pool | None = None
 
     def __enter__(self) -> Relay:
         return self
@@ -217,7 +221,12 @@ class Relay:
             django.db.DatabaseError: the database failed; the messages not marked stay
                 leased and are delivered again after the lease.
         """
-        self._marks.close()
+        try:
+            if self._pool is not None:
+                self._pool.close()
+                self._pool = None
+        finally:
+            self._marks.close()
 
     def deliver_batch(self, batch_size: int | None = None) -> int:
         """One batch, as :func:`deliver_batch`; its marks may still be written after.
@@ -250,9 +259,14 @@ class Relay:
             if workers == 1 or inside or len(claimed) == 1:
                 handled = _deliver_inline(using, claimed, marks, started, lease)
             else:
-                handled = _deliver_pooled(using, claimed, marks, started, lease, workers)
+                if self._pool is not None and self._pool.size != workers:
+                    self._pool.close()
+                    self._pool = None
+                if self._pool is None:  # kept for the next batches: threads, connections
+                    self._pool = _Pool(workers)
+                handled = _deliver_pooled(using, claimed, marks, started, lease, self._pool)
         except BaseException:
-            marks.close()  # what was delivered is marked before the error propagates
+            self.close()  # the pool's running handlers finish; what was delivered is marked
             raise
         if hand_off:
             marks.hand_off()  # written now, by the writer, while the next batch is claimed
@@ -285,45 +299,41 @@ def _deliver_pooled(
     marks: Marks,
     started: float,
     lease: float,
-    workers: int,
+    pool: _Pool,
 ) -> int:
-    """Run the handlers on ``workers`` pool threads.
+    """Run the handlers on the pool's threads.
 
     Marks and failures are written here, on the relay's thread and connection, a
     group at its deadline.
     """
-    pool = _Pool(min(workers, len(claimed)))
     handled = running = index = 0
-    try:
-        while index < len(claimed) or running:
-            if index < len(claimed) and running < pool.size:
-                if time.monotonic() - started > lease / 2:
-                    marks.flush()
-                    _hand_back(using, [c.message for c in claimed[index:]])
-                    index = len(claimed)
-                    continue
-                pool.submit(claimed[index])
-                index += 1
-                running += 1
-                continue
-            left = marks.time_left()
-            outcome = pool.result(None if left is None else max(left, 0.0))
-            if outcome is None:  # the group's deadline came first
+    while index < len(claimed) or running:
+        if index < len(claimed) and running < pool.size:
+            if time.monotonic() - started > lease / 2:
                 marks.flush()
+                _hand_back(using, [c.message for c in claimed[index:]])
+                index = len(claimed)
                 continue
-            item, error = outcome
-            running -= 1
-            handled += 1
-            if error is None:
-                marks.add(item)
-            elif isinstance(error, Exception):
-                _fail(using, item.message, error)
-            else:  # SystemExit, KeyboardInterrupt in a handler: stop as inline would
-                raise error
-            if marks.due():
-                marks.flush()
-    finally:
-        pool.close()
+            pool.submit(claimed[index])
+            index += 1
+            running += 1
+            continue
+        left = marks.time_left()
+        outcome = pool.result(None if left is None else max(left, 0.0))
+        if outcome is None:  # the group's deadline came first
+            marks.flush()
+            continue
+        item, error = outcome
+        running -= 1
+        handled += 1
+        if error is None:
+            marks.add(item)
+        elif isinstance(error, Exception):
+            _fail(using, item.message, error)
+        else:  # SystemExit, KeyboardInterrupt in a handler: stop as inline would
+            raise error
+        if marks.due():
+            marks.flush()
     return handled
 
 
@@ -352,7 +362,14 @@ class _Pool:
             return None
 
     def close(self) -> None:
-        """Let the threads finish the handlers they run, then stop them."""
+        """Let the threads finish the handlers they run, then stop them.
+
+        Messages submitted but not started yet are dropped (after an error): they stay
+        claimed and are delivered after the lease.
+        """
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self._inbox.get_nowait()
         for _ in self._threads:
             self._inbox.put(None)
         for thread in self._threads:

@@ -788,6 +788,18 @@ MUTANTS: list[Mutant] = [
         backends=(PG,),
         what="the claim buries a message before its last allowed attempt",
     ),
+    m(
+        "R7",
+        "marks.py",
+        "        else:\n            self._arm()\n",
+        "",
+        tests=(
+            "tests/test_review_regressions.py::"
+            "test_a_slow_handler_does_not_make_delivered_messages_claimable_again",
+        ),
+        backends=(PG,),
+        what="no watchdog: a group of marks waits while a later handler blocks past the lease",
+    ),
     # retention.py
     m(
         "T1",
