@@ -254,7 +254,7 @@ def test_relay_processes_deliver_each_message_once_while_leases_are_live(tmp_pat
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-        )  # fmt: skip
+        )
         for threads in (1, 1, 1, 4)
     ]
     try:
