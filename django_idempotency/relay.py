@@ -266,7 +266,12 @@ class Relay:
                     self._pool = _Pool(workers)
                 handled = _deliver_pooled(using, claimed, marks, started, lease, self._pool)
         except BaseException:
-            self.close()  # the pool's running handlers finish; what was delivered is marked
+            # The pool's running handlers finish and what was delivered is marked; the
+            # error that stopped the batch is the one raised.
+            try:
+                self.close()
+            except Exception:
+                logger.exception("outbox marks not written after a failed batch")
             raise
         if hand_off:
             marks.hand_off()  # written now, by the writer, while the next batch is claimed
