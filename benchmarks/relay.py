@@ -1,4 +1,4 @@
-"""Outbox relay throughput: messages/s with a no-op handler, per batch size.
+"""Outbox relay throughput: messages/s per batch size, handler threads and relay processes.
 
 Not a test: a measurement. Run against PostgreSQL (the reference target)::
 
@@ -6,28 +6,76 @@ Not a test: a measurement. Run against PostgreSQL (the reference target)::
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/idempotency_bench \\
         python benchmarks/relay.py --messages 10000 --batch-sizes 1 100 1000 --repeat 3
 
-It migrates the database, then for each batch size and run inserts ``--messages``
-pending messages, vacuums the table, runs one relay (``relay.deliver_batch`` in a loop,
-as the management command does) until none is due, and prints a Markdown table of
-messages per second (median, min and max of the runs). SQLite works too (for comparison;
-leave DATABASE_URL unset to use a temporary file).
+It migrates the database, then for each combination of batch size, handler threads
+(``--threads``) and relay processes (``--processes``), and each run, inserts
+``--messages`` pending messages, vacuums the table, runs the relay until none is due
+and prints a Markdown table of messages per second (median, min and max of the runs).
+
+- Without ``--processes`` one relay runs in this process, a ``relay.Relay`` calling
+  ``deliver_batch`` in a loop, as the ``idempotency_relay`` command does.
+- With ``--processes N ...`` each run starts N relay processes (this script with
+  ``--child``), waits until every one is ready, starts them at once and times until
+  the last one found nothing due. After each run it checks that every message is
+  ``sent`` at its first attempt (none claimed twice) and that the deliveries the
+  processes counted add up to the messages: a "dup" column counts violations.
+- ``--handler noop`` (the default) does nothing; ``--handler http`` POSTs each
+  message, its dedup key as ``Idempotency-Key``, to a local HTTP server that this
+  script starts in a process of its own and that answers after ``--http-delay``
+  seconds (default 0.02): an I/O-bound handler, for ``--threads``.
+
+SQLite works too (for comparison; leave DATABASE_URL unset to use a temporary file),
+in one process only.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import json
+import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import django
 import environ
 from django.conf import settings
+
+SERVER = """
+import sys, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+delay = float(sys.argv[1])
+
+
+class Slow(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive: one connection per relay thread
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        time.sleep(delay)  # the downstream service's latency
+        self.send_response(204)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+ThreadingHTTPServer.request_queue_size = 256
+server = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+server.daemon_threads = True
+print(server.server_address[1], flush=True)
+server.serve_forever()
+"""
 
 
 def configure() -> None:
@@ -43,17 +91,40 @@ def configure() -> None:
     django.setup()
 
 
-def run(batch_size: int, messages: int, max_seconds: float) -> float:
-    """Insert ``messages`` due messages, relay them; return messages delivered per second."""
+def register(handler: str, port: int | None) -> None:
+    """Register the handler of ``bench.topic``: a no-op, or a POST to the local server."""
+    import http.client
+
+    from django_idempotency import outbox
+
+    if handler == "noop":
+        outbox.register("bench.topic")(lambda message, dedup_key: None)
+        return
+    local = threading.local()
+
+    def post(message: Any, dedup_key: str) -> None:
+        connection = getattr(local, "connection", None)
+        if connection is None:
+            connection = local.connection = http.client.HTTPConnection("127.0.0.1", port)
+        body = json.dumps(message.payload).encode()
+        connection.request("POST", "/deliver", body, {"Idempotency-Key": dedup_key})
+        response = connection.getresponse()
+        response.read()
+        if response.status != 204:
+            raise RuntimeError(f"downstream answered {response.status}")
+
+    outbox.register("bench.topic")(post)
+
+
+def fill(messages: int) -> None:
     from django.db import connection
 
-    from django_idempotency import relay
     from django_idempotency.models import OutboxMessage
 
     OutboxMessage.objects.all().delete()
     OutboxMessage.objects.bulk_create(
         (
-            OutboxMessage(topic="bench.noop", payload={"n": n}, dedup_key=f"bench-{n}")
+            OutboxMessage(topic="bench.topic", payload={"n": n}, dedup_key=f"bench-{n}")
             for n in range(messages)
         ),
         batch_size=5000,
@@ -61,28 +132,104 @@ def run(batch_size: int, messages: int, max_seconds: float) -> float:
     if connection.vendor == "postgresql":  # a fresh queue: no dead tuples from before
         with connection.cursor() as cursor:
             cursor.execute("VACUUM ANALYZE django_idempotency_outbox")
+
+
+def drain(batch_size: int, threads: int, max_seconds: float) -> int:
+    """One relay until nothing is due (or ``max_seconds``); returns messages handled."""
+    from django_idempotency import relay
+
     delivered = 0
     started = time.perf_counter()
-    while time.perf_counter() - started < max_seconds:
-        handled = relay.deliver_batch(batch_size)
-        if not handled:
-            break
-        delivered += handled
+    with relay.Relay(threads=threads) as one:  # as the idempotency_relay command runs it
+        while time.perf_counter() - started < max_seconds:
+            handled = one.deliver_batch(batch_size)
+            if not handled:
+                break
+            delivered += handled
+    return delivered
+
+
+def run_here(batch_size: int, threads: int, messages: int, max_seconds: float) -> float:
+    fill(messages)
+    started = time.perf_counter()
+    delivered = drain(batch_size, threads, max_seconds)
     return delivered / (time.perf_counter() - started)
+
+
+def run_processes(
+    args: argparse.Namespace, batch_size: int, threads: int, processes: int, port: int | None
+) -> tuple[float, int]:
+    """Start ``processes`` relays at once; returns (messages/s, violations)."""
+    from django_idempotency.models import OutboxMessage, OutboxState
+
+    fill(args.messages)
+    command = [sys.executable, __file__, "--child", "--batch-sizes", str(batch_size),
+               "--threads", str(threads), "--handler", args.handler,
+               "--max-seconds", str(args.max_seconds)]  # fmt: skip
+    if port is not None:
+        command += ["--port", str(port)]
+    children = [
+        subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        for _ in range(processes)
+    ]
+    try:
+        for child in children:
+            assert child.stdout is not None and child.stdout.readline() == "ready\n"
+        started = time.perf_counter()
+        for child in children:
+            assert child.stdin is not None
+            child.stdin.write("go\n")
+            child.stdin.flush()
+        counts = [int(child.stdout.readline()) for child in children if child.stdout]
+        elapsed = time.perf_counter() - started
+        for child in children:
+            child.wait(60)
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+    sent_once = OutboxMessage.objects.filter(state=OutboxState.SENT, attempts=1).count()
+    violations = abs(sum(counts) - args.messages) + (args.messages - sent_once)
+    return sum(counts) / elapsed, violations
+
+
+def child(args: argparse.Namespace) -> None:
+    """A relay process of ``--processes``: ready, wait for the start line, drain."""
+    configure()
+    register(args.handler, args.port)
+    from django.db import connection
+
+    connection.ensure_connection()
+    print("ready", flush=True)
+    sys.stdin.readline()
+    print(drain(args.batch_sizes[0], args.threads[0], args.max_seconds), flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=10000)
-    parser.add_argument("--repeat", type=int, default=3, help="runs per batch size (median)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per combination (median)")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 100, 1000])
+    parser.add_argument(
+        "--threads", type=int, nargs="+", default=[1], help="handler threads per relay"
+    )
+    parser.add_argument(
+        "--processes", type=int, nargs="+", default=None, help="relay processes (separate)"
+    )
+    parser.add_argument("--handler", choices=["noop", "http"], default="noop")
+    parser.add_argument("--http-delay", type=float, default=0.02, help="seconds per request")
     parser.add_argument(
         "--max-seconds",
         type=float,
         default=60.0,
         help="stop a run after this long and report what was delivered",
     )
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        child(args)
+        return
     configure()
 
     from django.core.management import call_command
@@ -92,25 +239,62 @@ def main() -> None:
     from django_idempotency.models import OutboxMessage
 
     call_command("migrate", verbosity=0)
-    outbox.register("bench.noop")(lambda message, dedup_key: None)
+    server = None
+    port = None
+    if args.handler == "http":
+        server = subprocess.Popen(
+            [sys.executable, "-c", SERVER, str(args.http_delay)], stdout=subprocess.PIPE, text=True
+        )
+        assert server.stdout is not None
+        port = int(server.stdout.readline())
+    register(args.handler, port)
 
-    server = connection.vendor
-    if server == "postgresql":
+    vendor = connection.vendor
+    if vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute("SHOW server_version")
-            server += " " + cursor.fetchone()[0]
+            vendor += " " + cursor.fetchone()[0]
+    handler = "no-op handler" if args.handler == "noop" else (
+        f"HTTP handler ({args.http_delay * 1000:.0f} ms per request, local server)"
+    )  # fmt: skip
+    load = os.getloadavg()
     print(
-        f"{server}, Python {platform.python_version()}, Django {django.get_version()}, "
-        f"{args.messages} messages per run, {args.repeat} runs each, one relay, no-op handler\n"
+        f"{vendor}, Python {platform.python_version()}, Django {django.get_version()}, "
+        f"{args.messages} messages per run, {args.repeat} runs each, {handler}, "
+        f"{os.cpu_count()} CPUs, load average before {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}\n"
     )
-    print("| batch size | messages/s (median) | min | max |")
-    print("| ---: | ---: | ---: | ---: |")
-    for batch_size in args.batch_sizes:
-        rates = sorted(run(batch_size, args.messages, args.max_seconds) for _ in range(args.repeat))
-        median = statistics.median(rates)
-        print(f"| {batch_size} | {median:,.0f} | {rates[0]:,.0f} | {rates[-1]:,.0f} |")
+    processes = args.processes or [None]
+    print("| batch size | threads | relays | messages/s (median) | min | max | dup |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    try:
+        for batch_size, threads, count in itertools.product(
+            args.batch_sizes, args.threads, processes
+        ):
+            rates = []
+            violations = 0
+            for _ in range(args.repeat):
+                if count is None:
+                    rates.append(run_here(batch_size, threads, args.messages, args.max_seconds))
+                else:
+                    rate, wrong = run_processes(args, batch_size, threads, count, port)
+                    rates.append(rate)
+                    violations += wrong
+            rates.sort()
+            median = statistics.median(rates)
+            relays = "1 (in process)" if count is None else str(count)
+            dup = "-" if count is None else str(violations)
+            print(
+                f"| {batch_size} | {threads} | {relays} | {median:,.0f} | {rates[0]:,.0f} "
+                f"| {rates[-1]:,.0f} | {dup} |"
+            )
+    finally:
+        if server is not None:
+            server.kill()
+            server.wait()
+    load = os.getloadavg()
+    print(f"\nload average after {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     OutboxMessage.objects.all().delete()
-    outbox.unregister("bench.noop")
+    outbox.unregister("bench.topic")
 
 
 if __name__ == "__main__":

@@ -40,6 +40,8 @@ DEFAULTS: dict[str, Any] = {
     "OUTBOX_BACKOFF_BASE": 2.0,
     "OUTBOX_BACKOFF_CAP": 3600.0,
     "OUTBOX_KICK": True,
+    "OUTBOX_MARK_DELAY": 0.005,
+    "OUTBOX_RELAY_THREADS": 1,
     # Retention and the sweeper (docs/retention.md).
     "MAX_RETENTION": 7 * 24 * 60 * 60.0,
     "PARTITION_RECORDS": True,
@@ -223,6 +225,21 @@ class IdempotencySettings:
     def outbox_backoff_cap(self) -> float:
         """Seconds: the largest retry delay upper bound."""
         return float(self.get("OUTBOX_BACKOFF_CAP"))
+
+    @property
+    def outbox_mark_delay(self) -> float:
+        """Seconds a delivered message may wait to be marked sent with the next ones.
+
+        The relay commits the marks of its delivered messages in groups whose oldest
+        mark is at most this old (docs/outbox.md, "Marks"); ``0`` marks each message
+        before the next handler starts. Keep it far below half the relay lease.
+        """
+        return max(0.0, float(self.get("OUTBOX_MARK_DELAY")))
+
+    @property
+    def outbox_relay_threads(self) -> int:
+        """Handlers one relay runs at the same time (a bounded thread pool; 1: inline)."""
+        return max(1, int(self.get("OUTBOX_RELAY_THREADS")))
 
     @property
     def outbox_kick(self) -> bool:

@@ -19,7 +19,10 @@ from .databases import all_databases
 
 @shared_task(name="django_idempotency.relay_outbox", ignore_result=True)  # type: ignore[untyped-decorator]
 def relay_outbox(
-    batch_size: int | None = None, using: str | None = None, max_batches: int = 10
+    batch_size: int | None = None,
+    using: str | None = None,
+    max_batches: int = 10,
+    threads: int | None = None,
 ) -> int:
     """Deliver the outbox messages due now; see ``relay.deliver_due``.
 
@@ -28,13 +31,16 @@ def relay_outbox(
         using: one database alias; ``None``: every alias of the ``DATABASES`` setting
             (default: the router's), one after the other.
         max_batches: batches per database at most.
+        threads: handlers run at the same time (default: ``OUTBOX_RELAY_THREADS``).
 
     Returns:
         The number of messages handled (sent, retried or dead-lettered).
     """
     aliases = (using,) if using else all_databases()
     return sum(
-        relay.deliver_due(batch_size=batch_size, using=alias, max_batches=max_batches)
+        relay.deliver_due(
+            batch_size=batch_size, using=alias, max_batches=max_batches, threads=threads
+        )
         for alias in aliases
     )
 

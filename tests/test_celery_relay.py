@@ -118,6 +118,30 @@ def test_task_body_runs_without_a_broker(received):
     assert len(received) == 1
 
 
+@pytest.mark.django_db(transaction=True)
+def test_the_task_runs_handlers_in_a_pool_with_threads(settings):
+    """``relay_outbox(threads=n)``: n handlers at once (a barrier of n proves it)."""
+    settings.IDEMPOTENCY = {"OUTBOX_KICK": False}
+    barrier = threading.Barrier(3, timeout=30)
+    names: list[str] = []
+
+    def handler(message: OutboxMessage, key: str) -> None:
+        names.append(threading.current_thread().name)
+        barrier.wait()
+
+    outbox.register("celery.pool")(handler)
+    try:
+        with transaction.atomic():
+            for n in range(3):
+                outbox.enqueue("celery.pool", {"n": n})
+        assert tasks.relay_outbox(batch_size=10, threads=3) == 3
+    finally:
+        barrier.abort()
+        outbox.unregister("celery.pool")
+    assert len(set(names)) == 3
+    assert set(OutboxMessage.objects.values_list("state", flat=True)) == {OutboxState.SENT}
+
+
 def test_the_package_does_not_need_celery():
     """Only tasks.py imports Celery: the rest imports with Celery unavailable."""
     import subprocess

@@ -264,7 +264,8 @@ def test_command_loop_is_bounded_by_max_iterations(recorder):
 
 
 @pytest.mark.parametrize(
-    "args", [("--batch-size", "-1"), ("--interval", "-1"), ("--max-iterations", "0")]
+    "args",
+    [("--batch-size", "-1"), ("--interval", "-1"), ("--max-iterations", "0"), ("--threads", "0")],
 )
 def test_command_rejects_bad_arguments(args):
     with pytest.raises(CommandError):

@@ -192,3 +192,91 @@ def test_a_relay_killed_mid_batch_leaves_its_messages_deliverable(settings):
         outbox.unregister("kill.topic")
     assert seen == ids
     assert set(rows.values_list("state", "attempts")) == {(OutboxState.SENT, 2)}
+
+
+RELAY_PROCESS = """
+import os, sys
+import django
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+django.setup()
+from django.conf import settings
+from django.db import connections
+
+connections["default"].settings_dict["NAME"] = sys.argv[1]
+settings.IDEMPOTENCY = {"OUTBOX_KICK": False}
+from django_idempotency import outbox, relay
+
+log, threads = sys.argv[2], int(sys.argv[3])
+
+
+@outbox.handler("procs.topic")
+def deliver(message, dedup_key):
+    line = f"{message.pk} {dedup_key} {os.getpid()}\\n".encode()
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        os.write(fd, line)  # one short O_APPEND write: lines never interleave
+    finally:
+        os.close(fd)
+
+
+print("ready", flush=True)
+sys.stdin.readline()  # the start line: every relay starts at once
+with relay.Relay(threads=threads) as one:
+    while one.deliver_batch(20):
+        pass
+print("done", flush=True)
+"""
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_relay_processes_deliver_each_message_once_while_leases_are_live(tmp_path, settings):
+    """Four relay processes (one with a pool of 4 handler threads), each with its own
+    connection, share one table: every message is delivered by exactly one of them,
+    with its dedup key, within the lease (120 s), and marked sent at its first attempt."""
+    settings.IDEMPOTENCY = {"OUTBOX_KICK": False}
+    with transaction.atomic():
+        messages = [outbox.enqueue("procs.topic", {"n": n}) for n in range(600)]
+    log = tmp_path / "deliveries.log"
+    children = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                RELAY_PROCESS,
+                connection.settings_dict["NAME"],
+                str(log),
+                str(threads),
+            ],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for threads in (1, 1, 1, 4)
+    ]
+    try:
+        for child in children:
+            assert child.stdout.readline() == "ready\n", child.stderr.read()
+        for child in children:
+            child.stdin.write("go\n")
+            child.stdin.flush()
+        for child in children:
+            assert child.stdout.readline() == "done\n", child.stderr.read()
+            assert child.wait(60) == 0
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+            for stream in (child.stdin, child.stdout, child.stderr):
+                stream.close()
+
+    lines = [line.split() for line in log.read_text().splitlines()]
+    delivered = sorted((int(pk), key) for pk, key, _pid in lines)
+    assert delivered == sorted((m.pk, m.dedup_key) for m in messages)  # all, each once
+    assert len({pid for _pk, _key, pid in lines}) >= 2  # they really shared the work
+    states = OutboxMessage.objects.values_list("state", "attempts").distinct()
+    assert list(states) == [(OutboxState.SENT, 1)]

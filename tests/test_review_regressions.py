@@ -46,8 +46,14 @@ def test_the_default_outbox_keys_of_two_phase_topic_pairs_never_collide():
 
 
 def test_a_slow_handler_does_not_make_delivered_messages_claimable_again():
-    entered, proceed = threading.Event(), threading.Event()
+    """Relay A delivers messages 0 and 1, then its handler of message 2 blocks past A's
+    lease. The marks of 0 and 1 are committed while it blocks (their group's deadline,
+    ``OUTBOX_MARK_DELAY``, is far inside the lease: the watchdog writes them), so
+    relay B, once A's lease ran out, delivers only message 2 again."""
+    entered, proceed, marked = threading.Event(), threading.Event(), threading.Event()
     seen: list[tuple[str, int]] = []
+    ids: dict[int, int] = {}
+    committed: set[int] = set()
 
     def handler(message, dedup_key):
         who = threading.current_thread().name
@@ -56,11 +62,17 @@ def test_a_slow_handler_does_not_make_delivered_messages_claimable_again():
             entered.set()
             proceed.wait(30)  # the last handler of relay A's batch is slow
 
+    def on_delivered(sender, message_id, **kwargs):
+        committed.add(message_id)
+        if {ids[0], ids[1]} <= committed:
+            marked.set()
+
     outbox.register("tests.slow")(handler)
+    relay.delivered.connect(on_delivered)
     try:
         with transaction.atomic():
             for n in range(3):
-                outbox.enqueue("tests.slow", {"n": n})
+                ids[n] = outbox.enqueue("tests.slow", {"n": n}).pk
 
         def relay_a():
             try:
@@ -71,15 +83,18 @@ def test_a_slow_handler_does_not_make_delivered_messages_claimable_again():
         thread = threading.Thread(target=relay_a, name="A")
         thread.start()
         assert entered.wait(30)
+        # Before the fix, nothing marked them before the slow handler returned.
+        assert marked.wait(30), "messages 0 and 1 not marked sent while handler 2 blocks"
         with travel(3):  # relay A's lease ran out while its third handler still runs
             relay.deliver_batch(10, lease=30.0)
         proceed.set()
         thread.join(30)
         assert not thread.is_alive(), "relay A did not finish"
         delivered_again = [n for who, n in seen if who != "A"]
-        assert 0 not in delivered_again and 1 not in delivered_again, seen
+        assert delivered_again == [2], seen
     finally:
         proceed.set()
+        relay.delivered.disconnect(on_delivered)
         outbox.unregister("tests.slow")
 
 

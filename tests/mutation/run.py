@@ -718,12 +718,22 @@ MUTANTS: list[Mutant] = [
     # relay.py
     m(
         "R1",
-        "relay.py",
-        "    updated = manager.filter(pk__in=ids, state=OutboxState.PENDING, available_at=until)"
-        ".update(\n",
-        "    updated = manager.filter(pk__in=ids, state=OutboxState.PENDING).update(\n",
+        "marks.py",
+        "WHERE m.id = c.id AND m.attempts = c.attempts AND m.available_at = c.until\n",
+        "WHERE m.id = c.id\n",
         tests=(f"{GUARDS}::test_a_relay_whose_lease_ran_out_cannot_mark_the_message_sent",),
+        backends=(PG,),
         what="mark sent without the claim's fence",
+    ),
+    m(
+        "R1s",
+        "marks.py",
+        '            "attempts": attempts,\n'
+        '            "available_at": clock.to_db(end, connection),\n',
+        "",
+        tests=(f"{GUARDS}::test_a_relay_whose_lease_ran_out_cannot_mark_the_message_sent",),
+        backends=(SQLITE,),
+        what="mark sent (SQLite) without the claim's fence",
     ),
     m(
         "R2",
@@ -763,7 +773,32 @@ MUTANTS: list[Mutant] = [
         tests=(
             f"{GUARDS}::test_a_message_on_its_last_attempt_is_not_buried_while_it_is_delivered",
         ),
+        backends=(SQLITE,),
         what="a message on its last attempt buried while its relay still delivers it",
+    ),
+    m(
+        "R6",
+        "relay.py",
+        "        state = CASE WHEN m.attempts >= %(max)s THEN 'dead' ELSE m.state END,\n",
+        "        state = CASE WHEN m.attempts + 1 >= %(max)s THEN 'dead' ELSE m.state END,\n",
+        tests=(
+            "tests/test_review_regressions.py::"
+            "test_a_message_that_kills_its_relay_is_dead_lettered_after_max_attempts",
+        ),
+        backends=(PG,),
+        what="the claim buries a message before its last allowed attempt",
+    ),
+    m(
+        "R7",
+        "marks.py",
+        "        else:\n            self._arm()\n",
+        "",
+        tests=(
+            "tests/test_review_regressions.py::"
+            "test_a_slow_handler_does_not_make_delivered_messages_claimable_again",
+        ),
+        backends=(PG,),
+        what="no watchdog: a group of marks waits while a later handler blocks past the lease",
     ),
     # retention.py
     m(

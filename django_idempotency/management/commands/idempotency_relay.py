@@ -38,6 +38,13 @@ class Command(BaseCommand):
             help="Messages claimed per batch (default: the OUTBOX_BATCH_SIZE setting).",
         )
         parser.add_argument(
+            "--threads",
+            type=int,
+            default=None,
+            help="Handlers run at the same time, in a thread pool (default: the "
+            "OUTBOX_RELAY_THREADS setting, 1).",
+        )
+        parser.add_argument(
             "--max-iterations",
             type=int,
             default=None,
@@ -58,23 +65,34 @@ class Command(BaseCommand):
             raise CommandError("--batch-size must be at least 1.")
         if options["interval"] < 0:
             raise CommandError("--interval must be 0 or more seconds.")
+        threads = options["threads"]
+        if threads is not None and threads < 1:
+            raise CommandError("--threads must be at least 1.")
         limit = options["max_iterations"]
         if limit is not None and limit < 1:
             raise CommandError("--max-iterations must be at least 1.")
         aliases = (options["database"],) if options["database"] else all_databases()
         total = iterations = 0
+        # One relay per database for the whole run: a batch's marks are written while
+        # the next batch is claimed (docs/outbox.md, "Marks").
+        relays = [relay.Relay(alias, threads=threads) for alias in aliases]
         try:
             while limit is None or iterations < limit:
-                handled = [relay.deliver_batch(batch_size, using=alias) for alias in aliases]
+                handled = [each.deliver_batch(batch_size) for each in relays]
                 total += sum(handled)
                 iterations += 1
                 if all(count < batch_size for count in handled):  # drained for now
                     if options["once"]:
                         break
                     if limit is None or iterations < limit:
+                        for each in relays:
+                            each.close()  # nothing left pending while it sleeps
                         time.sleep(options["interval"])  # poll interval, not sync
         except KeyboardInterrupt:
             pass
+        finally:
+            for each in relays:
+                each.close()
         self.stdout.write(
             ngettext(
                 "Handled %(count)d outbox message.", "Handled %(count)d outbox messages.", total

@@ -1,0 +1,272 @@
+"""The relay's marks: delivered messages marked ``sent`` in groups (docs/outbox.md).
+
+A delivered message is not marked on its own: :class:`Marks` keeps it in the current
+*group* and writes the whole group in one fenced UPDATE once the group's oldest mark
+is ``max_age`` seconds old (``OUTBOX_MARK_DELAY``), and whenever the relay asks
+(before a handler starts when the group is due, at half the lease, at the end of the
+batch). A handler that blocks while a group waits must not keep it unwritten past
+the relay lease (another relay would then deliver those messages again), so a
+**watchdog** thread, armed when a handler starts with marks pending, writes the
+group at its deadline on a database connection of its own. A mark is therefore
+committed at most about ``max_age`` seconds (plus one UPDATE) after its handler
+returned, whatever later handlers do, unless the database fails; then the messages
+stay leased and are delivered again after the lease (at least once).
+
+Every write is fenced by the claim: the message must still be ``pending`` with the
+attempt count and lease end (``available_at``) this relay's claim gave it. Messages
+a relay with a later claim took over are left alone, and logged.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from django.db import DatabaseError, connections
+
+from . import clock
+from .models import OutboxMessage, OutboxState
+
+logger = logging.getLogger("django_idempotency.outbox")
+
+_PG_MARK_SQL = """
+UPDATE django_idempotency_outbox AS m
+SET state = 'sent', sent_at = {now}
+FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(until)s::timestamptz[])
+     AS c(id, attempts, until)
+WHERE m.id = c.id AND m.attempts = c.attempts AND m.available_at = c.until
+  AND m.state = 'pending'
+  AND m.id = ANY(%(ids)s::bigint[])  -- by primary key, whatever the table's size
+RETURNING m.id
+"""
+_NOW = "(statement_timestamp() + %(offset)s * interval '1 second')"
+#: Seconds the watchdog waits before it tries a failed write again.
+_RETRY_AFTER = 0.1
+
+
+class Claimed(Protocol):
+    """What a mark needs of a claimed message: the message as the claim returned it."""
+
+    message: OutboxMessage
+
+
+def write_sent(using: str, sent: Sequence[Claimed]) -> set[int]:
+    """Mark ``sent`` messages ``sent`` in one UPDATE, fenced by their claims.
+
+    Args:
+        using: database alias.
+        sent: claimed messages whose handler returned, of one or more claims.
+
+    Returns:
+        The ids whose claim still held, now ``sent``. The others were taken over by a
+        relay that claimed them after their claim's lease ran out.
+
+    Raises:
+        django.db.DatabaseError: the database failed; nothing was marked.
+    """
+    if not sent:
+        return set()
+    connection = connections[using]
+    if connection.vendor == "postgresql":
+        # ISO strings with their offset: the exact instant whatever the session's
+        # time zone (USE_TZ = False sets it to TIME_ZONE). One per claim.
+        iso: dict[dt.datetime, str] = {}
+        until = []
+        for item in sent:
+            end = item.message.available_at
+            text = iso.get(end)
+            if text is None:
+                text = iso[end] = end.astimezone(dt.UTC).isoformat()
+            until.append(text)
+        params: dict[str, Any] = {
+            "offset": clock.offset(),
+            "ids": [item.message.pk for item in sent],
+            "attempts": [item.message.attempts for item in sent],
+            "until": until,
+        }
+        with connection.cursor() as cursor:
+            cursor.execute(_PG_MARK_SQL.format(now=_NOW), params)
+            return {row[0] for row in cursor.fetchall()}
+    manager = OutboxMessage.objects.using(using)
+    sent_at = clock.to_db(clock.app_now(), connection)
+    claims: dict[tuple[dt.datetime, int], list[int]] = {}
+    for item in sent:
+        claim = (item.message.available_at, item.message.attempts)
+        claims.setdefault(claim, []).append(item.message.pk)
+    mine: set[int] = set()
+    for (end, attempts), ids in claims.items():
+        fence = {
+            "state": OutboxState.PENDING,
+            "attempts": attempts,
+            "available_at": clock.to_db(end, connection),
+        }
+        updated = manager.filter(pk__in=ids, **fence).update(
+            state=OutboxState.SENT, sent_at=sent_at
+        )
+        if updated == len(ids):
+            mine.update(ids)
+        else:
+            fence["state"] = OutboxState.SENT
+            mine.update(manager.filter(pk__in=ids, **fence).values_list("pk", flat=True))
+    return mine
+
+
+class Marks:
+    """The delivered messages of one batch that are not marked ``sent`` yet.
+
+    Thread-safe: handlers' outcomes may be added from any thread, and the watchdog
+    writes from its own. ``on_sent`` runs on the thread that wrote the group: the
+    relay's, or the watchdog's.
+
+    Args:
+        using: database alias.
+        max_age: seconds a mark may wait in its group before the group is written;
+            ``0`` writes each mark before the next handler starts.
+        on_sent: called with each claimed message once its mark is committed.
+    """
+
+    def __init__(self, using: str, max_age: float, on_sent: Callable[[Any], None]) -> None:
+        self.using = using
+        self.max_age = max_age
+        self._on_sent = on_sent
+        self._cond = threading.Condition()
+        self._pending: list[Claimed] = []
+        self._oldest = 0.0
+        self._stopped = False
+        self._watchdog: threading.Thread | None = None
+        #: Write each mark as it is added (no writer thread): inside a transaction,
+        #: on databases other than PostgreSQL.
+        self.sync = False
+
+    @property
+    def pending(self) -> int:
+        """Marks waiting to be written."""
+        return len(self._pending)
+
+    def add(self, item: Claimed) -> None:
+        """Add the mark of a message whose handler returned."""
+        with self._cond:
+            if not self._pending:
+                self._oldest = time.monotonic()
+                self._cond.notify_all()
+            self._pending.append(item)
+        if self.sync:
+            self.flush()
+
+    def time_left(self) -> float | None:
+        """Seconds until the group is due (``<= 0``: due); ``None``: no marks pending."""
+        if not self._pending:
+            return None
+        return self._oldest + self.max_age - time.monotonic()
+
+    def due(self) -> bool:
+        """Whether the group's oldest mark is ``max_age`` old: write it now."""
+        left = self.time_left()
+        return left is not None and left <= 0
+
+    def before_handler(self) -> None:
+        """Call before a handler starts: write the group if due, else arm the watchdog.
+
+        The watchdog then writes the group at its deadline even if the handler blocks.
+        """
+        if not self._pending:
+            return
+        if self.due():
+            self.flush()
+        else:
+            self._arm()
+
+    def hand_off(self) -> None:
+        """Have the writer thread write the pending marks now; do not wait for it."""
+        if not self._pending:
+            return
+        with self._cond:
+            self._oldest = -math.inf
+            self._cond.notify_all()
+        self._arm()
+
+    def _arm(self) -> None:
+        if self._watchdog is None:
+            with self._cond:
+                self._stopped = False
+            self._watchdog = threading.Thread(
+                target=self._watch, name="outbox-marks-writer", daemon=True
+            )
+            self._watchdog.start()
+
+    def flush(self) -> None:
+        """Write every pending mark now.
+
+        Raises:
+            django.db.DatabaseError: the database failed; the marks stay pending.
+        """
+        self._write()
+
+    def close(self) -> None:
+        """Stop the watchdog and write what is pending: the batch is over.
+
+        Raises:
+            django.db.DatabaseError: the database failed; the messages not marked stay
+                leased and are delivered again after the lease.
+        """
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        if self._watchdog is not None:
+            self._watchdog.join()
+            self._watchdog = None
+        self.flush()
+
+    def _take(self) -> list[Claimed]:
+        with self._cond:
+            taken, self._pending = self._pending, []
+            return taken
+
+    def _write(self) -> None:
+        taken = self._take()
+        if not taken:
+            return
+        try:
+            mine = write_sent(self.using, taken)
+        except BaseException:
+            self._give_back(taken)
+            raise
+        if len(mine) != len(taken):
+            logger.warning(
+                "%d outbox message(s) were taken over by another relay while delivered",
+                len(taken) - len(mine),
+            )
+        for item in taken:
+            if item.message.pk in mine:
+                self._on_sent(item)
+
+    def _give_back(self, taken: list[Claimed]) -> None:
+        with self._cond:
+            self._pending[:0] = taken
+            self._oldest = time.monotonic() - self.max_age  # due: they are old
+
+    def _watch(self) -> None:
+        """The watchdog: write the group when its deadline passes; own connection."""
+        try:
+            while True:
+                with self._cond:
+                    if self._stopped:
+                        return
+                    left = self.time_left()
+                    if left is None or left > 0:
+                        self._cond.wait(left)
+                        continue
+                try:
+                    self._write()
+                except DatabaseError as exc:
+                    logger.warning("outbox marks not written yet, will retry: %s", exc)
+                    with self._cond:
+                        if not self._stopped:
+                            self._cond.wait(_RETRY_AFTER)
+        finally:
+            connections[self.using].close()
