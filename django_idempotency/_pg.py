@@ -160,6 +160,30 @@ PG_COMPLETE_PRUNED_UNLOCK_SQL = _COMPLETE_UNLOCK.format(
     complete=PG_COMPLETE_PRUNED_SQL.strip(), key=_KEY
 )
 
+#: Completion and the transaction's ``COMMIT`` in one round trip (``store.complete``
+#: with ``commit=True``; several statements in one simple query). The fenced UPDATE's
+#: row count goes through ``django_idempotency_fenced`` (migration 0006), which raises
+#: unless it is 1: the transaction is then aborted and its ``COMMIT`` never runs, so
+#: nothing the view wrote commits without its completion.
+_COMPLETE_COMMIT = """WITH done AS ({complete}
+RETURNING 1)
+SELECT django_idempotency_fenced(n, %(id)s){unlock} FROM (SELECT count(*) AS n FROM done) d;
+COMMIT"""
+
+
+def complete_commit_sql(*, pruned: bool, unlock: bool) -> str:
+    """The completion that commits.
+
+    ``pruned``: the statement names the record's day partition; ``unlock``: the presence
+    lock is released in the same statement.
+    """
+    complete = (PG_COMPLETE_PRUNED_SQL if pruned else PG_COMPLETE_SQL).strip()
+    return _COMPLETE_COMMIT.format(
+        complete=complete,
+        unlock=f", pg_advisory_unlock({_KEY})" if unlock else "",
+    )
+
+
 #: Release (delete) of a claim we own, with no recovery point, fenced, then the
 #: presence lock released in the same statement (see ``PG_COMPLETE_UNLOCK_SQL``).
 PG_RELEASE_UNLOCK_SQL = f"""

@@ -29,6 +29,7 @@ A change ships as new statements and a new migration.
 from __future__ import annotations
 
 import threading
+from typing import NamedTuple
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
@@ -406,23 +407,51 @@ FROM django_idempotency_claim(
     %(test)s::boolean, %(async_commit)s::boolean)
 """
 
-_kinds: dict[tuple[str, str], tuple[bool, int | None]] = {}
+#: Installed by migration 0006: raises ``FENCED_SQLSTATE`` unless its argument is 1.
+#: The completion that carries the transaction's ``COMMIT`` in the same round trip
+#: (``store.complete``) passes it the number of rows its fenced ``UPDATE`` matched, so
+#: a lost lease aborts the transaction before the ``COMMIT`` can run.
+FENCE_FUNCTION = """
+CREATE OR REPLACE FUNCTION django_idempotency_fenced(p_updated bigint, p_record bigint)
+RETURNS bigint LANGUAGE plpgsql VOLATILE AS $fn$
+BEGIN
+    IF p_updated IS DISTINCT FROM 1 THEN
+        RAISE EXCEPTION 'idempotency record % was fenced off: its lease was lost before '
+            'completion', p_record USING ERRCODE = 'DIF01';
+    END IF;
+    RETURN p_updated;
+END
+$fn$;
+"""
+DROP_FENCE_FUNCTION = "DROP FUNCTION IF EXISTS django_idempotency_fenced(bigint, bigint)"
+#: The SQLSTATE ``django_idempotency_fenced`` raises (a class of its own).
+FENCED_SQLSTATE = "DIF01"
+
+
+class _Facts(NamedTuple):
+    partitioned: bool
+    port: int | None
+    fence: bool
+
+
+_kinds: dict[tuple[str, str], _Facts] = {}
 _kinds_lock = threading.Lock()
 
 
-def _facts(connection: BaseDatabaseWrapper) -> tuple[bool, int | None]:
-    """(table partitioned, the server's own ``port`` setting), asked once per process."""
+def _facts(connection: BaseDatabaseWrapper) -> _Facts:
+    """What the hot path needs to know of a database, asked once per process."""
     cache_key = (connection.alias, str(connection.settings_dict.get("NAME")))
     facts = _kinds.get(cache_key)
     if facts is None:
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT (SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)), "
-                "current_setting('port')",
+                "current_setting('port'), "
+                "to_regprocedure('django_idempotency_fenced(bigint, bigint)') IS NOT NULL",
                 [TABLE],
             )
-            kind, port = cursor.fetchone()
-        facts = (kind == "p", int(port) if port else None)
+            kind, port, fence = cursor.fetchone()
+        facts = _Facts(kind == "p", int(port) if port else None, bool(fence))
         with _kinds_lock:
             _kinds[cache_key] = facts
     return facts
@@ -440,7 +469,7 @@ def is_partitioned(connection: BaseDatabaseWrapper) -> bool:
     """
     if connection.vendor != "postgresql":
         return False
-    return _facts(connection)[0]
+    return _facts(connection).partitioned
 
 
 def server_port(connection: BaseDatabaseWrapper) -> int | None:
@@ -452,7 +481,18 @@ def server_port(connection: BaseDatabaseWrapper) -> int | None:
     """
     if connection.vendor != "postgresql":
         return None
-    return _facts(connection)[1]
+    return _facts(connection).port
+
+
+def has_fence(connection: BaseDatabaseWrapper) -> bool:
+    """Whether ``django_idempotency_fenced()`` (migration 0006) exists on ``connection``.
+
+    Cached with :func:`is_partitioned`. Until it does (a process started before the
+    migration ran), completions send their ``COMMIT`` in a round trip of its own.
+    """
+    if connection.vendor != "postgresql":
+        return False
+    return _facts(connection).fence
 
 
 def forget() -> None:

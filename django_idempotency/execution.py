@@ -20,7 +20,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from django.db import DatabaseError, IntegrityError, InterfaceError
+from django.db import DatabaseError, IntegrityError, InterfaceError, connections
 from django.http.response import HttpResponseBase
 
 from . import heartbeat, phases, presence, problems, signals, store, transactions, write_guard
@@ -167,7 +167,17 @@ def _execute_atomic(
             if getattr(response, "streaming", False):
                 response = rebuild_consumed(response, stored)
             stage = "complete"
-            store.complete(claim, stored)
+            # Where the block is the transaction, its COMMIT goes with the completion
+            # (one round trip); the block's exit then has nothing left to commit.
+            commit = transactions.outermost_own(claim.using) and store.commits_with_completion(
+                connections[claim.using]
+            )
+            try:
+                store.complete(claim, stored, commit=commit)
+            except IntegrityError:
+                if commit:  # the record's UPDATE has no constraint: the COMMIT refused
+                    stage = "commit"  # the view's writes (a deferred constraint)
+                raise
             stage = "commit"
     except _Release as release:
         _release(claim, release.response.status_code)

@@ -33,7 +33,6 @@ from typing import Any
 from django.db import (
     DatabaseError,
     IntegrityError,
-    OperationalError,
     connections,
     transaction,
 )
@@ -54,9 +53,15 @@ from ._pg import (
     PG_RELEASE_UNLOCK_SQL,
     PG_RESTAMP_SQL,
     PG_TAKEOVER_SQL,
+    complete_commit_sql,
     pg_now,
 )
-from ._pg_partitioned import PG_PARTITIONED_CLAIM_SQL, is_partitioned
+from ._pg_partitioned import (
+    FENCED_SQLSTATE,
+    PG_PARTITIONED_CLAIM_SQL,
+    has_fence,
+    is_partitioned,
+)
 from ._pg_partitioned import forget as forget_table_kind
 from .bodies import decode_body, encode_body
 from .claims import Claim, Existing, Headers, HeartbeatUnavailable, LeaseLost, Scope, StoredResponse
@@ -542,15 +547,38 @@ def _fenced_errors(claim: Claim) -> Iterator[None]:
     """
     try:
         yield
-    except OperationalError as exc:
-        if getattr(exc.__cause__, "sqlstate", None) == _SERIALIZATION_FAILURE:
+    except DatabaseError as exc:
+        sqlstate = getattr(exc.__cause__, "sqlstate", None)
+        if sqlstate == _SERIALIZATION_FAILURE:
             raise LeaseLost(
                 f"record {claim.record_id}: changed by another request while this one ran"
+            ) from exc
+        if sqlstate == FENCED_SQLSTATE:
+            raise LeaseLost(
+                f"record {claim.record_id}: the lease was lost before completion"
             ) from exc
         raise
 
 
-def complete(claim: Claim, response: StoredResponse) -> None:
+def commits_with_completion(connection: Any) -> bool:
+    """Whether :func:`complete` can send the ``COMMIT`` with the completion, on the wire.
+
+    Asked by the caller of ``complete(..., commit=True)`` after it made sure that the
+    transaction is its own outermost block. ``True`` on PostgreSQL with psycopg 3 and
+    Django's default client-side binding (several statements in one simple query), at
+    READ COMMITTED, once migration 0006 installed ``django_idempotency_fenced``. No
+    query is sent (the function's presence is cached per process).
+    """
+    if connection.vendor != "postgresql" or stricter_than_read_committed(connection):
+        return False
+    if connection.settings_dict.get("OPTIONS", {}).get("server_side_binding") is True:
+        return False
+    from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+    return bool(is_psycopg3) and has_fence(connection)
+
+
+def complete(claim: Claim, response: StoredResponse, *, commit: bool = False) -> bool:
     """Mark the claim completed with ``response``, fenced by the owner token.
 
     Must run inside the atomic block that holds the view's business writes, so the
@@ -558,9 +586,22 @@ def complete(claim: Claim, response: StoredResponse) -> None:
     :func:`encode_body`: dropped past ``MAX_RESPONSE_BYTES``, else encoded by
     ``BODY_CODEC``.
 
+    Args:
+        claim: the claim this request owns.
+        response: what to store.
+        commit: send the transaction's ``COMMIT`` in the same round trip (the caller
+            checked :func:`commits_with_completion` and that the transaction is its
+            outermost block, whose exit then finds nothing left to commit). A lost
+            lease aborts the transaction before the ``COMMIT`` runs.
+
+    Returns:
+        Whether the transaction was committed here.
+
     Raises:
         LeaseLost: no row matched: the lease ran out and another request took the key
             over. Let it propagate out of the atomic block so everything rolls back.
+        django.db.IntegrityError: with ``commit``, the ``COMMIT`` refused the view's
+            writes (a deferred constraint); the record table has none of its own.
     """
     body = encode_body(response.body)
     if body is None:
@@ -585,8 +626,17 @@ def complete(claim: Claim, response: StoredResponse) -> None:
         pruned = claim.sweep_after is not None  # one day partition planned, not all
         if pruned:
             params["sweep_after"] = claim.sweep_after
-        if claim.present and presence.holds(claim):  # the lock goes in the same statement
+        unlock = claim.present and presence.holds(claim)  # the lock goes in the statement
+        if unlock:
             params.update(_scope_filter(claim.scope))
+        if commit:
+            sql = complete_commit_sql(pruned=pruned, unlock=unlock)
+            with _fenced_errors(claim), connection.cursor() as cursor:
+                cursor.execute(sql, params)  # raises unless the fence matched
+            if unlock:
+                presence.dropped(claim)
+            return True
+        if unlock:
             with _fenced_errors(claim), connection.cursor() as cursor:
                 cursor.execute(
                     PG_COMPLETE_PRUNED_UNLOCK_SQL if pruned else PG_COMPLETE_UNLOCK_SQL, params
@@ -610,6 +660,7 @@ def complete(claim: Claim, response: StoredResponse) -> None:
         )
     if updated != 1:
         raise LeaseLost(f"record {claim.record_id}: the lease was lost before completion")
+    return False
 
 
 def release(claim: Claim) -> bool:

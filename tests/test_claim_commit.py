@@ -6,6 +6,11 @@
 * The completion names the record's partition key (``sweep_after``, returned by the
   partitioned claim), so PostgreSQL touches one day partition; the key is part of the
   fence.
+* Where the app's block is the transaction, the completion carries its ``COMMIT`` (one
+  round trip): a lost lease aborts the transaction before that ``COMMIT`` runs, a
+  deferred constraint it violates is still the view's error, and without the fence
+  function (a process older than migration 0006) or above READ COMMITTED the
+  ``COMMIT`` goes on its own.
 """
 
 from __future__ import annotations
@@ -13,12 +18,19 @@ from __future__ import annotations
 import dataclasses
 import re
 import uuid
+from collections.abc import Iterator
+from typing import Any
 
+import psycopg
 import pytest
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
+from psycopg import _connection_base
 
-from django_idempotency import store
+from django_idempotency import _pg_partitioned, store, transactions
 from django_idempotency.models import IdempotencyRecord
+from tests.concurrency import token_client
+from tests.factories import TokenFactory
+from tests.testapp.models import Widget
 
 pytestmark = pytest.mark.postgres
 
@@ -108,3 +120,158 @@ def test_the_pruned_completion_plans_one_partition(record_table):
         transaction.set_rollback(True)
     scanned = set(re.findall(r"django_idempotency_record_p\d{8}\b", plan))
     assert len(scanned) == 1, plan  # without the key: every day partition
+
+
+# --- The COMMIT sent with the completion ---------------------------------------------
+
+
+@pytest.fixture
+def commands(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """The transaction commands psycopg itself sends (``BEGIN``, ``COMMIT``, ...)."""
+    sent: list[bytes] = []
+    real = _connection_base.BaseConnection._exec_command
+
+    def spy(self: Any, command: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(bytes(command) if isinstance(command, bytes) else str(command).encode())
+        return real(self, command, *args, **kwargs)
+
+    monkeypatch.setattr(_connection_base.BaseConnection, "_exec_command", spy)
+    return sent
+
+
+@pytest.fixture
+def statements() -> Iterator[list[str]]:
+    """The SQL of every statement the test's connection executes."""
+    seen: list[str] = []
+
+    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(wrapper):
+        yield seen
+
+
+def committed_elsewhere(sql: str, *params: Any) -> Any:
+    """A value read by a connection of its own: only what committed."""
+    settings = connection.settings_dict
+    with psycopg.connect(
+        dbname=settings["NAME"],
+        user=settings["USER"],
+        host=settings["HOST"],
+        port=settings["PORT"] or 5432,
+        autocommit=True,
+    ) as other:
+        row = other.execute(sql, params).fetchone()
+        return row[0] if row else None
+
+
+def test_the_completion_carries_the_views_commit(record_table, commands, statements):
+    token = TokenFactory(user__username="commit-with")
+    commands.clear()
+    statements.clear()
+    response = token_client(token.key).post(
+        "/widgets", {"name": "one-trip"}, format="json", HTTP_IDEMPOTENCY_KEY=str(uuid.uuid4())
+    )
+    assert response.status_code == 201, response.content
+    completion = [sql for sql in statements if sql.startswith("WITH done AS")]
+    assert len(completion) == 1 and completion[0].rstrip().endswith("COMMIT")
+    assert "django_idempotency_fenced" in completion[0]
+    assert commands == [b"BEGIN"]  # the view's; no COMMIT of its own: none left to send
+    widget = response.json()["id"]
+    assert committed_elsewhere("SELECT name FROM testapp_widget WHERE id = %s", widget) == (
+        "one-trip"
+    )
+    state = committed_elsewhere("SELECT state FROM django_idempotency_record")
+    assert state == "completed"
+
+
+def test_a_lease_lost_before_the_committing_completion_commits_nothing(record_table):
+    won = claim(scope())
+    stolen = dataclasses.replace(won, owner_token=uuid.uuid4())  # as if taken over
+    with pytest.raises(store.LeaseLost), transactions.atomic("default"):
+        Widget.objects.create(name="must-not-commit")
+        assert store.commits_with_completion(connection)
+        store.complete(stolen, RESPONSE, commit=True)
+    assert committed_elsewhere("SELECT count(*) FROM testapp_widget") == 0
+    assert IdempotencyRecord.objects.get(pk=won.record_id).state == "claimed"
+    with transactions.atomic("default"):  # its rightful owner still completes it
+        assert store.complete(won, RESPONSE, commit=True) is True
+    assert (
+        committed_elsewhere(
+            "SELECT state FROM django_idempotency_record WHERE id = %s", won.record_id
+        )
+        == "completed"
+    )
+
+
+def test_the_fence_function_refuses_anything_but_one_row(record_table):
+    for updated in (0, 2, None):
+        with (
+            pytest.raises(DatabaseError) as raised,
+            transaction.atomic(),
+            connection.cursor() as cur,
+        ):
+            cur.execute("SELECT django_idempotency_fenced(%s, 42)", [updated])
+        assert getattr(raised.value.__cause__, "sqlstate", None) == "DIF01"
+        assert "record 42" in str(raised.value)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT django_idempotency_fenced(1, 42)")
+        assert cursor.fetchone() == (1,)
+
+
+def test_without_the_fence_function_the_commit_goes_on_its_own(record_table, commands, statements):
+    """A process started before migration 0006 ran: the function is not there."""
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute(_pg_partitioned.DROP_FENCE_FUNCTION)
+        _pg_partitioned.forget()
+        assert not _pg_partitioned.has_fence(connection)
+        assert not store.commits_with_completion(connection)
+        transaction.set_rollback(True)  # DDL is transactional: the function is back
+    _pg_partitioned.forget()
+    assert _pg_partitioned.has_fence(connection)
+
+
+def test_no_committing_completion_above_read_committed_or_with_server_binding(
+    record_table, monkeypatch
+):
+    options = connection.settings_dict.setdefault("OPTIONS", {})
+    assert store.commits_with_completion(connection)
+    from django.db.backends.postgresql.psycopg_any import IsolationLevel
+
+    monkeypatch.setitem(options, "isolation_level", IsolationLevel.REPEATABLE_READ)
+    assert not store.commits_with_completion(connection)
+    monkeypatch.setitem(options, "isolation_level", IsolationLevel.READ_COMMITTED)
+    assert store.commits_with_completion(connection)
+    monkeypatch.setitem(options, "server_side_binding", True)
+    assert not store.commits_with_completion(connection)
+
+
+def test_only_the_apps_outermost_block_commits_with_the_completion(record_table):
+    assert not transactions.outermost_own("default")  # no block at all
+    with transactions.atomic("default"):
+        assert transactions.outermost_own("default")
+        with transaction.atomic():  # a savepoint inside: the view's block still open
+            assert not transactions.outermost_own("default")
+        assert transactions.outermost_own("default")
+    with transaction.atomic(), transactions.atomic("default"):  # someone else's outside
+        assert not transactions.outermost_own("default")
+
+
+def test_a_deferred_constraint_refused_by_the_committing_completion_is_the_views_error(
+    record_table, statements
+):
+    """The COMMIT that carries the completion raises the view's IntegrityError (every
+    foreign key Django creates on PostgreSQL is DEFERRABLE INITIALLY DEFERRED)."""
+    from django.db import IntegrityError
+
+    token = TokenFactory(user__username="deferred-commit")
+    client = token_client(token.key)
+    client.raise_request_exception = True
+    key = str(uuid.uuid4())
+    with pytest.raises(IntegrityError):
+        client.post("/tx/deferred", {}, format="json", HTTP_IDEMPOTENCY_KEY=key)
+    assert any(sql.startswith("WITH done AS") and "fenced" in sql for sql in statements)
+    assert committed_elsewhere("SELECT count(*) FROM testapp_widget") == 0
+    assert committed_elsewhere("SELECT count(*) FROM django_idempotency_record") == 0
