@@ -160,28 +160,25 @@ PG_COMPLETE_PRUNED_UNLOCK_SQL = _COMPLETE_UNLOCK.format(
     complete=PG_COMPLETE_PRUNED_SQL.strip(), key=_KEY
 )
 
-#: Completion and the transaction's ``COMMIT`` in one round trip (``store.complete``
-#: with ``commit=True``; several statements in one simple query). The fenced UPDATE's
-#: row count goes through ``django_idempotency_fenced`` (migration 0006), which raises
-#: unless it is 1: the transaction is then aborted and its ``COMMIT`` never runs, so
-#: nothing the view wrote commits without its completion.
-_COMPLETE_COMMIT = """WITH done AS ({complete}
-RETURNING 1)
-SELECT django_idempotency_fenced(n, %(id)s){unlock} FROM (SELECT count(*) AS n FROM done) d;
-COMMIT"""
+#: Completion through ``django_idempotency_complete`` (migration 0006): planned once
+#: per session, and raising when the fence matches no row, so that the transaction's
+#: ``COMMIT`` may follow in the same round trip (several statements in one simple
+#: query): a lost lease aborts the transaction before that ``COMMIT`` runs.
+_COMPLETE_CALL = (
+    "SELECT django_idempotency_complete(%(id)s, %(token)s, %(sweep_after)s, %(status)s, "
+    "%(headers)s::jsonb, %(body)s, %(grace)s, %(clock_offset)s, {unlock})"
+)
 
 
-def complete_commit_sql(*, pruned: bool, unlock: bool) -> str:
-    """The completion that commits.
+def complete_call_sql(*, unlock: bool, commit: bool) -> str:
+    """The completion through the server-side function.
 
-    ``pruned``: the statement names the record's day partition; ``unlock``: the presence
-    lock is released in the same statement.
+    ``unlock``: the presence lock is released in the same statement (the parameters
+    then include the scope); ``commit``: the transaction's ``COMMIT`` follows in the
+    same round trip.
     """
-    complete = (PG_COMPLETE_PRUNED_SQL if pruned else PG_COMPLETE_SQL).strip()
-    return _COMPLETE_COMMIT.format(
-        complete=complete,
-        unlock=f", pg_advisory_unlock({_KEY})" if unlock else "",
-    )
+    sql = _COMPLETE_CALL.format(unlock=_KEY if unlock else "NULL")
+    return f"{sql};\nCOMMIT" if commit else sql
 
 
 #: Release (delete) of a claim we own, with no recovery point, fenced, then the

@@ -407,31 +407,64 @@ FROM django_idempotency_claim(
     %(test)s::boolean, %(async_commit)s::boolean)
 """
 
-#: Installed by migration 0006: raises ``FENCED_SQLSTATE`` unless its argument is 1.
-#: The completion that carries the transaction's ``COMMIT`` in the same round trip
-#: (``store.complete``) passes it the number of rows its fenced ``UPDATE`` matched, so
-#: a lost lease aborts the transaction before the ``COMMIT`` can run.
-FENCE_FUNCTION = """
-CREATE OR REPLACE FUNCTION django_idempotency_fenced(p_updated bigint, p_record bigint)
-RETURNS bigint LANGUAGE plpgsql VOLATILE AS $fn$
+#: Installed by migration 0006: the fenced completion as a server-side function, on the
+#: plain and the partitioned table alike. Its statements are planned once per session
+#: (``plan_cache_mode = force_generic_plan``: the day partition is chosen when the
+#: statement starts, from ``p_sweep_after``) instead of on every call, and it raises
+#: ``FENCED_SQLSTATE`` when the fence matches no row, so the completion can be sent
+#: with the transaction's ``COMMIT`` in one round trip: a lost lease aborts the
+#: transaction before that ``COMMIT`` runs. ``p_unlock``: the presence lock to release
+#: once the row is updated (locked), or ``NULL``.
+COMPLETE_FUNCTION = f"""
+CREATE OR REPLACE FUNCTION django_idempotency_complete(
+    p_id bigint, p_token uuid, p_sweep_after timestamptz, p_status integer,
+    p_headers jsonb, p_body bytea, p_grace float8, p_clock_offset float8, p_unlock bigint
+) RETURNS integer LANGUAGE plpgsql VOLATILE
+SET plan_cache_mode = force_generic_plan AS $fn$
+DECLARE
+    v_now timestamptz := statement_timestamp() + p_clock_offset * interval '1 second';
 BEGIN
-    IF p_updated IS DISTINCT FROM 1 THEN
-        RAISE EXCEPTION 'idempotency record % was fenced off: its lease was lost before '
-            'completion', p_record USING ERRCODE = 'DIF01';
+    IF p_sweep_after IS NULL THEN  -- the plain table, or a claim that did not return it
+        UPDATE {TABLE} r SET state = 'completed', response_status = p_status,
+            response_headers = p_headers, response_body = p_body, completed_at = v_now,
+            lease_until = v_now,
+            expires_at = GREATEST(r.expires_at, v_now + p_grace * interval '1 second')
+        WHERE r.id = p_id AND r.owner_token = p_token AND r.state = 'claimed';
+    ELSE
+        UPDATE {TABLE} r SET state = 'completed', response_status = p_status,
+            response_headers = p_headers, response_body = p_body, completed_at = v_now,
+            lease_until = v_now,
+            expires_at = GREATEST(r.expires_at, v_now + p_grace * interval '1 second')
+        WHERE r.id = p_id AND r.owner_token = p_token AND r.state = 'claimed'
+          AND r.sweep_after = p_sweep_after;
     END IF;
-    RETURN p_updated;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'idempotency record % was fenced off: its lease was lost before '
+            'completion', p_id USING ERRCODE = 'DIF01';
+    END IF;
+    IF p_unlock IS NOT NULL THEN
+        PERFORM pg_advisory_unlock(p_unlock);
+    END IF;
+    RETURN 1;
 END
 $fn$;
 """
-DROP_FENCE_FUNCTION = "DROP FUNCTION IF EXISTS django_idempotency_fenced(bigint, bigint)"
-#: The SQLSTATE ``django_idempotency_fenced`` raises (a class of its own).
+DROP_COMPLETE_FUNCTION = (
+    "DROP FUNCTION IF EXISTS django_idempotency_complete("
+    "bigint, uuid, timestamptz, integer, jsonb, bytea, float8, float8, bigint)"
+)
+#: The SQLSTATE ``django_idempotency_complete`` raises when fenced off (its own class).
 FENCED_SQLSTATE = "DIF01"
+_COMPLETE_SIGNATURE = (
+    "django_idempotency_complete(bigint, uuid, timestamptz, integer, jsonb, bytea, float8, "
+    "float8, bigint)"
+)
 
 
 class _Facts(NamedTuple):
     partitioned: bool
     port: int | None
-    fence: bool
+    completion: bool
 
 
 _kinds: dict[tuple[str, str], _Facts] = {}
@@ -446,12 +479,11 @@ def _facts(connection: BaseDatabaseWrapper) -> _Facts:
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT (SELECT relkind FROM pg_class WHERE oid = to_regclass(%s)), "
-                "current_setting('port'), "
-                "to_regprocedure('django_idempotency_fenced(bigint, bigint)') IS NOT NULL",
-                [TABLE],
+                "current_setting('port'), to_regprocedure(%s) IS NOT NULL",
+                [TABLE, _COMPLETE_SIGNATURE],
             )
-            kind, port, fence = cursor.fetchone()
-        facts = _Facts(kind == "p", int(port) if port else None, bool(fence))
+            kind, port, completion = cursor.fetchone()
+        facts = _Facts(kind == "p", int(port) if port else None, bool(completion))
         with _kinds_lock:
             _kinds[cache_key] = facts
     return facts
@@ -484,15 +516,16 @@ def server_port(connection: BaseDatabaseWrapper) -> int | None:
     return _facts(connection).port
 
 
-def has_fence(connection: BaseDatabaseWrapper) -> bool:
-    """Whether ``django_idempotency_fenced()`` (migration 0006) exists on ``connection``.
+def has_completion_function(connection: BaseDatabaseWrapper) -> bool:
+    """Whether ``django_idempotency_complete()`` (migration 0006) exists on ``connection``.
 
-    Cached with :func:`is_partitioned`. Until it does (a process started before the
-    migration ran), completions send their ``COMMIT`` in a round trip of its own.
+    Cached with :func:`is_partitioned`. Until it does (the code is deployed, the
+    migration not yet run), completions are the plain ``UPDATE`` statements, and their
+    ``COMMIT`` goes in a round trip of its own.
     """
     if connection.vendor != "postgresql":
         return False
-    return _facts(connection).fence
+    return _facts(connection).completion
 
 
 def forget() -> None:

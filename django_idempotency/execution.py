@@ -23,7 +23,17 @@ from typing import Any
 from django.db import DatabaseError, IntegrityError, InterfaceError, connections
 from django.http.response import HttpResponseBase
 
-from . import heartbeat, phases, presence, problems, signals, store, transactions, write_guard
+from . import (
+    heartbeat,
+    phases,
+    presence,
+    problems,
+    savepoints,
+    signals,
+    store,
+    transactions,
+    write_guard,
+)
 from .conf import conf
 from .context import IdempotencyContext, UnprotectedContext
 from .logging import key_hash
@@ -151,7 +161,10 @@ def _execute_atomic(
     """
     stage = "view"  # then "complete" (our UPDATE), then "commit" (the block's exit)
     try:
-        with transactions.atomic(claim.using):
+        with (
+            transactions.atomic(claim.using),
+            savepoints.deferred_releases(claim.using) as releases,
+        ):
             with write_guard.guard(view_name, claim.scope.endpoint, claim.using) as guard:
                 response = finalize(call())
                 release = options.should_release(response.status_code)
@@ -166,6 +179,8 @@ def _execute_atomic(
                 raise _Release(response)  # nothing of it can commit: nothing to store
             if getattr(response, "streaming", False):
                 response = rebuild_consumed(response, stored)
+            if releases is not None:  # the transaction ends after the completion:
+                releases.drop()  # its COMMIT (or ROLLBACK) releases every savepoint
             stage = "complete"
             # Where the block is the transaction, its COMMIT goes with the completion
             # (one round trip); the block's exit then has nothing left to commit.

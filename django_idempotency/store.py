@@ -53,13 +53,13 @@ from ._pg import (
     PG_RELEASE_UNLOCK_SQL,
     PG_RESTAMP_SQL,
     PG_TAKEOVER_SQL,
-    complete_commit_sql,
+    complete_call_sql,
     pg_now,
 )
 from ._pg_partitioned import (
     FENCED_SQLSTATE,
     PG_PARTITIONED_CLAIM_SQL,
-    has_fence,
+    has_completion_function,
     is_partitioned,
 )
 from ._pg_partitioned import forget as forget_table_kind
@@ -566,7 +566,7 @@ def commits_with_completion(connection: Any) -> bool:
     Asked by the caller of ``complete(..., commit=True)`` after it made sure that the
     transaction is its own outermost block. ``True`` on PostgreSQL with psycopg 3 and
     Django's default client-side binding (several statements in one simple query), at
-    READ COMMITTED, once migration 0006 installed ``django_idempotency_fenced``. No
+    READ COMMITTED, once migration 0006 installed ``django_idempotency_complete``. No
     query is sent (the function's presence is cached per process).
     """
     if connection.vendor != "postgresql" or stricter_than_read_committed(connection):
@@ -575,7 +575,7 @@ def commits_with_completion(connection: Any) -> bool:
         return False
     from django.db.backends.postgresql.psycopg_any import is_psycopg3
 
-    return bool(is_psycopg3) and has_fence(connection)
+    return bool(is_psycopg3) and has_completion_function(connection)
 
 
 def complete(claim: Claim, response: StoredResponse, *, commit: bool = False) -> bool:
@@ -584,7 +584,9 @@ def complete(claim: Claim, response: StoredResponse, *, commit: bool = False) ->
     Must run inside the atomic block that holds the view's business writes, so the
     effect and the record commit together. The body is written through
     :func:`encode_body`: dropped past ``MAX_RESPONSE_BYTES``, else encoded by
-    ``BODY_CODEC``.
+    ``BODY_CODEC``. On PostgreSQL the fenced ``UPDATE`` runs in the server-side function
+    of migration 0006 when it is installed (planned once per session), else as a plain
+    statement.
 
     Args:
         claim: the claim this request owns.
@@ -622,20 +624,19 @@ def complete(claim: Claim, response: StoredResponse, *, commit: bool = False) ->
             "token": claim.owner_token,
             "grace": claim.lease,
             "clock_offset": clock.offset(),
+            # The partition key: one day partition planned and touched, not all.
+            "sweep_after": claim.sweep_after,
         }
-        pruned = claim.sweep_after is not None  # one day partition planned, not all
-        if pruned:
-            params["sweep_after"] = claim.sweep_after
         unlock = claim.present and presence.holds(claim)  # the lock goes in the statement
         if unlock:
             params.update(_scope_filter(claim.scope))
-        if commit:
-            sql = complete_commit_sql(pruned=pruned, unlock=unlock)
+        if commit or has_completion_function(connection):
             with _fenced_errors(claim), connection.cursor() as cursor:
-                cursor.execute(sql, params)  # raises unless the fence matched
-            if unlock:
+                cursor.execute(complete_call_sql(unlock=unlock, commit=commit), params)
+            if unlock:  # the function raises unless the row was ours: nothing to count
                 presence.dropped(claim)
-            return True
+            return commit
+        pruned = claim.sweep_after is not None
         if unlock:
             with _fenced_errors(claim), connection.cursor() as cursor:
                 cursor.execute(

@@ -8,9 +8,9 @@
   fence.
 * Where the app's block is the transaction, the completion carries its ``COMMIT`` (one
   round trip): a lost lease aborts the transaction before that ``COMMIT`` runs, a
-  deferred constraint it violates is still the view's error, and without the fence
-  function (a process older than migration 0006) or above READ COMMITTED the
-  ``COMMIT`` goes on its own.
+  deferred constraint it violates is still the view's error, and without the
+  completion function (code deployed before migration 0006 ran) or above READ
+  COMMITTED the ``COMMIT`` goes on its own.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from django.db import DatabaseError, connection, transaction
+from django.db import connection, transaction
 from psycopg import _connection_base
 
 from django_idempotency import _pg_partitioned, store, transactions
@@ -174,9 +174,8 @@ def test_the_completion_carries_the_views_commit(record_table, commands, stateme
         "/widgets", {"name": "one-trip"}, format="json", HTTP_IDEMPOTENCY_KEY=str(uuid.uuid4())
     )
     assert response.status_code == 201, response.content
-    completion = [sql for sql in statements if sql.startswith("WITH done AS")]
+    completion = [sql for sql in statements if "django_idempotency_complete(" in sql]
     assert len(completion) == 1 and completion[0].rstrip().endswith("COMMIT")
-    assert "django_idempotency_fenced" in completion[0]
     assert commands == [b"BEGIN"]  # the view's; no COMMIT of its own: none left to send
     widget = response.json()["id"]
     assert committed_elsewhere("SELECT name FROM testapp_widget WHERE id = %s", widget) == (
@@ -205,32 +204,44 @@ def test_a_lease_lost_before_the_committing_completion_commits_nothing(record_ta
     )
 
 
-def test_the_fence_function_refuses_anything_but_one_row(record_table):
-    for updated in (0, 2, None):
-        with (
-            pytest.raises(DatabaseError) as raised,
-            transaction.atomic(),
-            connection.cursor() as cur,
-        ):
-            cur.execute("SELECT django_idempotency_fenced(%s, 42)", [updated])
-        assert getattr(raised.value.__cause__, "sqlstate", None) == "DIF01"
-        assert "record 42" in str(raised.value)
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT django_idempotency_fenced(1, 42)")
-        assert cursor.fetchone() == (1,)
+def test_the_completion_function_raises_when_fenced_off(record_table):
+    won = claim(scope())
+    for stale in (
+        dataclasses.replace(won, owner_token=uuid.uuid4()),  # taken over
+        dataclasses.replace(won, record_id=won.record_id + 10_000),  # gone
+    ):
+        with pytest.raises(store.LeaseLost) as raised, transaction.atomic():
+            store.complete(stale, RESPONSE)
+        assert getattr(raised.value.__cause__.__cause__, "sqlstate", None) == "DIF01"
+        assert f"record {stale.record_id} was fenced off" in str(raised.value.__cause__)
+    assert IdempotencyRecord.objects.get(pk=won.record_id).state == "claimed"
+    with transaction.atomic():
+        assert store.complete(won, RESPONSE) is False  # not asked to commit: it did not
+    row = IdempotencyRecord.objects.get(pk=won.record_id)
+    assert (row.state, row.response_status, bytes(row.response_body)) == ("completed", 201, b"{}")
 
 
-def test_without_the_fence_function_the_commit_goes_on_its_own(record_table, commands, statements):
-    """A process started before migration 0006 ran: the function is not there."""
+def test_without_the_completion_function_the_plain_update_runs_and_commits_apart(
+    record_table, statements
+):
+    """The code deployed before migration 0006 ran: the function is not there yet."""
     with transaction.atomic():
         with connection.cursor() as cursor:
-            cursor.execute(_pg_partitioned.DROP_FENCE_FUNCTION)
+            cursor.execute(_pg_partitioned.DROP_COMPLETE_FUNCTION)
         _pg_partitioned.forget()
-        assert not _pg_partitioned.has_fence(connection)
+        assert not _pg_partitioned.has_completion_function(connection)
         assert not store.commits_with_completion(connection)
+        won = claim(scope())
+        stale = dataclasses.replace(won, owner_token=uuid.uuid4())
+        with pytest.raises(store.LeaseLost), transaction.atomic():
+            store.complete(stale, RESPONSE)
+        assert store.complete(won, RESPONSE) is False
+        assert any(sql.lstrip().startswith(("UPDATE", "WITH")) for sql in statements)
+        assert not any(sql.startswith("SELECT django_idempotency_complete(") for sql in statements)
+        assert IdempotencyRecord.objects.get(pk=won.record_id).state == "completed"
         transaction.set_rollback(True)  # DDL is transactional: the function is back
     _pg_partitioned.forget()
-    assert _pg_partitioned.has_fence(connection)
+    assert _pg_partitioned.has_completion_function(connection)
 
 
 def test_no_committing_completion_above_read_committed_or_with_server_binding(
@@ -272,6 +283,6 @@ def test_a_deferred_constraint_refused_by_the_committing_completion_is_the_views
     key = str(uuid.uuid4())
     with pytest.raises(IntegrityError):
         client.post("/tx/deferred", {}, format="json", HTTP_IDEMPOTENCY_KEY=key)
-    assert any(sql.startswith("WITH done AS") and "fenced" in sql for sql in statements)
+    assert any("django_idempotency_complete(" in sql for sql in statements)
     assert committed_elsewhere("SELECT count(*) FROM testapp_widget") == 0
     assert committed_elsewhere("SELECT count(*) FROM django_idempotency_record") == 0

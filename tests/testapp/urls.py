@@ -38,4 +38,5 @@ urlpatterns = [
     path("tx/atomic-above", views.atomic_above),
     path("tx/atomic-above-plain", views.atomic_above_plain),
     path("tx/atomic-below", views.atomic_below),
+    path("tx/nested-blocks", views.nested_blocks),
 ]

@@ -410,6 +410,29 @@ def atomic_below(request):
     return Response({"ok": True}, status=201)
 
 
+@api_view(["POST"])
+@idempotent(required=False)
+def nested_blocks(request):
+    """Blocks inside the app's transaction: one that commits, one that fails and is
+    caught (its savepoint rolled back), a write between, and a last block right before
+    the response (tests/test_savepoints.py)."""
+    from django.db import IntegrityError
+    from rest_framework.authtoken.models import Token
+
+    with _transaction.atomic():
+        Widget.objects.create(name="first")
+    try:
+        with _transaction.atomic():
+            Widget.objects.create(name="rolled-back")
+            Token.objects.create(user=request.user)  # one token per user: refused
+    except IntegrityError:
+        pass
+    Widget.objects.create(name="between")
+    with _transaction.atomic(), _transaction.atomic():
+        last = Widget.objects.create(name="last")
+    return Response({"last": last.pk}, status=201)
+
+
 @idempotent(lease=5)
 @api_view(["POST"])
 def gate_then_write(request):

@@ -1,0 +1,136 @@
+"""The view's ``RELEASE SAVEPOINT`` statements are sent late, in order, or not at all
+(``django_idempotency.savepoints``): what PostgreSQL receives, and that the view's
+blocks behave exactly as without the app."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+from django.db import connection
+
+from django_idempotency import savepoints
+from django_idempotency.models import IdempotencyRecord
+from tests.concurrency import token_client
+from tests.factories import TokenFactory
+from tests.testapp.models import Widget
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+NAMES = ["between", "first", "last"]
+
+
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every statement psycopg sends (Django's cursors are psycopg ClientCursors)."""
+    seen: list[str] = []
+    real = psycopg.ClientCursor.execute
+
+    def spy(self: Any, query: Any, params: Any = None, **kwargs: Any) -> Any:
+        seen.append(str(query))
+        return real(self, query, params, **kwargs)
+
+    monkeypatch.setattr(psycopg.ClientCursor, "execute", spy)
+    return seen
+
+
+def post(key: str | None) -> Any:
+    token = TokenFactory(user__username=f"sp-{uuid.uuid4().hex[:8]}")
+    headers = {"HTTP_IDEMPOTENCY_KEY": key} if key else {}
+    return token_client(token.key).post("/tx/nested-blocks", {}, format="json", **headers)
+
+
+def kinds(statements: list[str]) -> list[str]:
+    """Each statement as SAVEPOINT / RELEASE / ROLLBACK TO / its first word."""
+    out = []
+    for sql in statements:
+        for part in filter(None, (p.strip() for p in re.split(r";\s*", sql))):
+            word = part.split()[0].upper()
+            if part.startswith("ROLLBACK TO SAVEPOINT"):
+                word = "ROLLBACK TO"
+            elif part.startswith("RELEASE SAVEPOINT"):
+                word = "RELEASE"
+            out.append(word)
+    return out
+
+
+@pytest.mark.postgres
+def test_releases_go_out_before_the_next_statement_and_the_last_ones_never(sent):
+    key = str(uuid.uuid4())
+    response = post(key)
+    assert response.status_code == 201, response.content
+    assert set(response.json()) == {"last"}
+    order = kinds(sent[sent.index(next(s for s in sent if s.startswith("SAVEPOINT"))) :])
+    # first block: SAVEPOINT, INSERT, its release held until the next statement;
+    # failing block: SAVEPOINT, INSERT, INSERT (refused), ROLLBACK TO and RELEASE at
+    # once (Django's own handling); the write between; the last two blocks: their
+    # releases are held and dropped, the COMMIT that follows releases them.
+    assert order[:4] == ["SAVEPOINT", "INSERT", "RELEASE", "SAVEPOINT"]
+    assert order[4:8] == ["INSERT", "INSERT", "ROLLBACK TO", "RELEASE"]
+    assert order[8:11] == ["INSERT", "SAVEPOINT", "SAVEPOINT"]
+    assert order[11:] == ["INSERT", "SELECT", "COMMIT"]  # the completion carries COMMIT
+    assert sorted(Widget.objects.values_list("name", flat=True)) == NAMES  # and only
+    assert IdempotencyRecord.objects.get().state == "completed"
+    replay = post(key)  # another user's token: another principal, so it runs again
+    assert replay.status_code == 201
+
+
+@pytest.mark.postgres
+def test_an_unkeyed_request_holds_nothing_back(sent):
+    response = post(None)
+    order = kinds(sent)
+    assert response.status_code == 201
+    assert sorted(Widget.objects.values_list("name", flat=True)) == NAMES
+    # Without the app's transaction the view's blocks are transactions of their own;
+    # only the innermost block is a savepoint, and its release goes out at once.
+    assert order.count("SAVEPOINT") == order.count("RELEASE") == 1
+    assert order[-1] == "RELEASE"
+
+
+@pytest.mark.postgres
+def test_a_release_in_an_aborted_transaction_is_sent_at_once(sent):
+    """Django's release fails in an aborted transaction and handles it there."""
+    wrapper = savepoints.DeferredReleases(connection)
+    from django.db import DatabaseError, transaction
+
+    with transaction.atomic(), connection.execute_wrapper(wrapper):
+        with pytest.raises(DatabaseError), transaction.atomic():  # noqa: SIM117
+            with connection.cursor() as cursor:
+                try:
+                    cursor.execute("SELECT no_such_column FROM testapp_widget")
+                except DatabaseError:
+                    pass  # caught inside the block: the transaction is aborted
+        # Django's release in the aborted transaction was sent (and failed), then Django
+        # rolled back to the savepoint and released it: that release, in a healthy
+        # transaction again, is held.
+        order = kinds(sent)
+        assert order[-3:] == ["SELECT", "RELEASE", "ROLLBACK TO"]
+        assert len(wrapper.held) == 1 and wrapper.held[0].startswith("RELEASE SAVEPOINT")
+        transaction.set_rollback(True)
+
+
+@pytest.mark.postgres
+def test_held_releases_go_out_in_order_before_the_next_statement():
+    wrapper = savepoints.DeferredReleases(connection)
+    from django.db import transaction
+
+    with transaction.atomic(), connection.execute_wrapper(wrapper):
+        with transaction.atomic(), transaction.atomic():
+            Widget.objects.create(name="inner")
+        assert len(wrapper.held) == 2
+        assert wrapper.held[0] > wrapper.held[1]  # the inner block's first
+        assert Widget.objects.count() == 1  # flushed first, then counted
+        assert wrapper.held == []
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_catalog.pg_stat_activity")
+        transaction.set_rollback(True)
+
+
+def test_other_databases_hold_nothing(settings):
+    if connection.vendor == "postgresql":
+        pytest.skip("SQLite: nothing is held")
+    with savepoints.deferred_releases("default") as wrapper:
+        assert wrapper is None
