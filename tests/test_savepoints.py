@@ -4,6 +4,7 @@ blocks behave exactly as without the app."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import uuid
 from typing import Any
@@ -97,12 +98,14 @@ def test_a_release_in_an_aborted_transaction_is_sent_at_once(sent):
     from django.db import DatabaseError, transaction
 
     with transaction.atomic(), connection.execute_wrapper(wrapper):
-        with pytest.raises(DatabaseError), transaction.atomic():  # noqa: SIM117
-            with connection.cursor() as cursor:
-                try:
-                    cursor.execute("SELECT no_such_column FROM testapp_widget")
-                except DatabaseError:
-                    pass  # caught inside the block: the transaction is aborted
+        # The error is caught inside the block: the transaction is aborted.
+        with (
+            pytest.raises(DatabaseError),
+            transaction.atomic(),
+            connection.cursor() as cursor,
+            contextlib.suppress(DatabaseError),
+        ):
+            cursor.execute("SELECT no_such_column FROM testapp_widget")
         # Django's release in the aborted transaction was sent (and failed), then Django
         # rolled back to the savepoint and released it: that release, in a healthy
         # transaction again, is held.
