@@ -110,6 +110,13 @@ WHERE principal = %(principal)s AND endpoint = %(endpoint)s AND key = %(key)s
   AND NOT EXISTS (SELECT 1 FROM claimed) AND NOT EXISTS (SELECT 1 FROM taken)
 """
 
+#: The columns of ``PG_CLAIM_SQL``, in order (read without building a description).
+PG_CLAIM_COLUMNS = (
+    "won", "id", "owner_token", "state", "fingerprint", "recovery_point", "lease_remaining",
+    "expired", "response_status", "response_headers", "response_body", "waited", "owner_pid",
+    "present", "by_presence",
+)  # fmt: skip
+
 #: Read one record with its lease and expiry judged by the database's clock.
 PG_FETCH_SQL = f"""
 SELECT false AS won, id, owner_token, state, fingerprint, recovery_point,

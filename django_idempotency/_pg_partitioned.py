@@ -455,6 +455,12 @@ DROP_COMPLETE_FUNCTION = (
 )
 #: The SQLSTATE ``django_idempotency_complete`` raises when fenced off (its own class).
 FENCED_SQLSTATE = "DIF01"
+#: The columns of ``PG_PARTITIONED_CLAIM_SQL``, in order.
+PG_PARTITIONED_CLAIM_COLUMNS = (
+    "won", "id", "owner_token", "state", "fingerprint", "recovery_point", "lease_remaining",
+    "expired", "response_status", "response_headers", "response_body", "owner_pid", "present",
+    "by_presence", "sweep_after",
+)  # fmt: skip
 _COMPLETE_SIGNATURE = (
     "django_idempotency_complete(bigint, uuid, timestamptz, integer, jsonb, bytea, float8, "
     "float8, bigint)"

@@ -42,6 +42,7 @@ from django.db.models.functions import Greatest
 
 from . import clock, presence
 from ._pg import (
+    PG_CLAIM_COLUMNS,
     PG_CLAIM_SQL,
     PG_COMPLETE_PRUNED_SQL,
     PG_COMPLETE_PRUNED_UNLOCK_SQL,
@@ -58,6 +59,7 @@ from ._pg import (
 )
 from ._pg_partitioned import (
     FENCED_SQLSTATE,
+    PG_PARTITIONED_CLAIM_COLUMNS,
     PG_PARTITIONED_CLAIM_SQL,
     has_completion_function,
     is_partitioned,
@@ -304,12 +306,14 @@ def _insert(
         )
         # A day-partitioned table (docs/retention.md) has no unique index to conflict
         # with: a server-side function locks the scope, looks it up, then inserts.
-        sql = PG_PARTITIONED_CLAIM_SQL if is_partitioned(connection) else PG_CLAIM_SQL
+        if is_partitioned(connection):
+            sql, columns = PG_PARTITIONED_CLAIM_SQL, PG_PARTITIONED_CLAIM_COLUMNS
+        else:
+            sql, columns = PG_CLAIM_SQL, PG_CLAIM_COLUMNS
         try:
             with _claim_transaction(connection), connection.cursor() as cursor:
                 cursor.execute(sql, params)
                 row = cursor.fetchone()
-                columns = [col.name for col in cursor.description] if row else []
         except IntegrityError as exc:
             if getattr(exc.__cause__, "sqlstate", None) == _NO_PARTITION:
                 # Today's partition was attached by a concurrent claim after this
