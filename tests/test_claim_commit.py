@@ -231,14 +231,18 @@ def test_without_the_completion_function_the_plain_update_runs_and_commits_apart
         _pg_partitioned.forget()
         assert not _pg_partitioned.has_completion_function(connection)
         assert not store.commits_with_completion(connection)
-        won = claim(scope())
+        # A window shorter than the lease: the completion pushes the window past it.
+        won = store.claim(scope(), FP, lease=30, retention=1)
+        assert isinstance(won, store.Claim)
+        window = IdempotencyRecord.objects.get(pk=won.record_id).expires_at
         stale = dataclasses.replace(won, owner_token=uuid.uuid4())
         with pytest.raises(store.LeaseLost), transaction.atomic():
             store.complete(stale, RESPONSE)
         assert store.complete(won, RESPONSE) is False
         assert any(sql.lstrip().startswith(("UPDATE", "WITH")) for sql in statements)
         assert not any(sql.startswith("SELECT django_idempotency_complete(") for sql in statements)
-        assert IdempotencyRecord.objects.get(pk=won.record_id).state == "completed"
+        row = IdempotencyRecord.objects.get(pk=won.record_id)
+        assert row.state == "completed" and row.expires_at > window
         transaction.set_rollback(True)  # DDL is transactional: the function is back
     _pg_partitioned.forget()
     assert _pg_partitioned.has_completion_function(connection)

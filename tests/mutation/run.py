@@ -366,9 +366,11 @@ MUTANTS: list[Mutant] = [
         "WHERE id = %(id)s AND owner_token = %(token)s AND state = 'claimed'\n",
         "    expires_at = GREATEST(expires_at, {_NOW} + %(grace)s * interval '1 second')\n"
         "WHERE id = %(id)s AND state = 'claimed'\n",
-        tests=("tests/test_store.py",),
+        tests=(
+            "tests/test_claim_commit.py::test_without_the_completion_function_the_plain_update_runs_and_commits_apart",
+        ),
         backends=(PG,),
-        what="completion not fenced by the owner token (PG_COMPLETE_SQL)",
+        what="completion not fenced by the owner token (PG_COMPLETE_SQL, before migration 0006)",
     ),
     m(
         "S11",
@@ -411,9 +413,88 @@ MUTANTS: list[Mutant] = [
         "    completed_at = {_NOW}, lease_until = {_NOW},\n"
         "    expires_at = GREATEST(expires_at, {_NOW} + %(grace)s * interval '1 second')\n",
         "    completed_at = {_NOW}, lease_until = {_NOW}\n",
+        tests=(
+            "tests/test_claim_commit.py::test_without_the_completion_function_the_plain_update_runs_and_commits_apart",
+        ),
+        backends=(PG,),
+        what="a completion late in the window not kept a lease longer (PG_COMPLETE_SQL, "
+        "before migration 0006)",
+    ),
+    m(
+        "S10f",
+        "_pg_partitioned.py",
+        (
+            (
+                "        WHERE r.id = p_id AND r.owner_token = p_token AND r.state = 'claimed';\n",
+                "        WHERE r.id = p_id AND r.state = 'claimed';\n",
+            ),
+            (
+                "        WHERE r.id = p_id AND r.owner_token = p_token AND r.state = 'claimed'\n"
+                "          AND r.sweep_after = p_sweep_after;\n",
+                "        WHERE r.id = p_id AND r.state = 'claimed'\n"
+                "          AND r.sweep_after = p_sweep_after;\n",
+            ),
+        ),
+        tests=("tests/test_store.py", "tests/test_claim_commit.py"),
+        backends=(PG,),
+        what="completion not fenced by the owner token (django_idempotency_complete)",
+    ),
+    m(
+        "S10r",
+        "_pg_partitioned.py",
+        "    IF NOT FOUND THEN\n        RAISE EXCEPTION 'idempotency record % was fenced off",
+        "    IF false THEN\n        RAISE EXCEPTION 'idempotency record % was fenced off",
+        tests=(
+            "tests/test_claim_commit.py",
+            f"{GUARDS}::test_a_fenced_completion_rolls_back_the_views_writes",
+        ),
+        backends=(PG,),
+        what="a completion that matched no row does not raise: the COMMIT sent with it "
+        "commits the view's writes without their record",
+    ),
+    m(
+        "S14f",
+        "_pg_partitioned.py",
+        (
+            (
+                "            lease_until = v_now,\n"
+                "            expires_at = GREATEST(r.expires_at, "
+                "v_now + p_grace * interval '1 second')\n"
+                "        WHERE r.id = p_id AND r.owner_token = p_token AND r.state = 'claimed';\n",
+                "            lease_until = v_now\n"
+                "        WHERE r.id = p_id AND r.owner_token = p_token AND r.state = 'claimed';\n",
+            ),
+            (
+                "            lease_until = v_now,\n"
+                "            expires_at = GREATEST(r.expires_at, "
+                "v_now + p_grace * interval '1 second')\n"
+                "        WHERE r.id = p_id AND r.owner_token = p_token AND r.state = 'claimed'\n",
+                "            lease_until = v_now\n"
+                "        WHERE r.id = p_id AND r.owner_token = p_token AND r.state = 'claimed'\n",
+            ),
+        ),
         tests=(f"{EDGES}::test_a_completion_after_the_window_stays_replayable",),
         backends=(PG,),
-        what="a completion late in the window not kept a lease longer (PG_COMPLETE_SQL)",
+        what="a completion late in the window not kept a lease longer "
+        "(django_idempotency_complete)",
+    ),
+    m(
+        "X1",
+        "savepoints.py",
+        "        self.flush()\n        return execute(sql, params, many, context)\n",
+        "        return execute(sql, params, many, context)\n",
+        tests=("tests/test_savepoints.py",),
+        backends=(PG,),
+        what="a held RELEASE SAVEPOINT not sent before the next statement",
+    ),
+    m(
+        "X2",
+        "savepoints.py",
+        "            and self._healthy()\n",
+        "",
+        tests=("tests/test_savepoints.py",),
+        backends=(PG,),
+        what="a RELEASE held in an aborted transaction (Django's failure handling skipped)",
     ),
     m(
         "S14s",
@@ -497,8 +578,7 @@ MUTANTS: list[Mutant] = [
     m(
         "S17",
         "store.py",
-        '        if getattr(exc.__cause__, "sqlstate", None) == _SERIALIZATION_FAILURE:\n'
-        "            raise LeaseLost(\n",
+        "        if sqlstate == _SERIALIZATION_FAILURE:\n            raise LeaseLost(\n",
         "        if False:\n            raise LeaseLost(\n",
         tests=(f"{EDGES}::test_a_takeover_fences_the_original_with_409_at_stricter_levels",),
         backends=(PG,),
@@ -636,12 +716,24 @@ MUTANTS: list[Mutant] = [
     m(
         "E1",
         "execution.py",
-        '            stage = "complete"\n'
-        "            store.complete(claim, stored)\n"
-        '            stage = "commit"\n',
-        '            stage = "commit"\n'
-        '        stage = "complete"\n'
-        "        store.complete(claim, stored)\n",
+        (
+            (
+                "            try:\n"
+                "                store.complete(claim, stored, commit=commit)\n"
+                "            except IntegrityError:\n"
+                "                if commit:  # the record's UPDATE has no constraint: "
+                "the COMMIT refused\n"
+                '                    stage = "commit"  # the view\'s writes '
+                "(a deferred constraint)\n"
+                "                raise\n"
+                '            stage = "commit"\n',
+                '            stage = "commit"\n',
+            ),
+            (
+                "    except _Release as release:\n",
+                "        store.complete(claim, stored)\n    except _Release as release:\n",
+            ),
+        ),
         tests=(f"{GUARDS}::test_a_fenced_completion_rolls_back_the_views_writes",),
         what="completion outside the view's atomic block",
     ),
@@ -656,8 +748,8 @@ MUTANTS: list[Mutant] = [
     m(
         "E3",
         "execution.py",
-        "            if options.should_release(response.status_code):\n",
-        "            if False:\n",
+        "                release = options.should_release(response.status_code)\n",
+        "                release = False\n",
         tests=("tests/test_decorators.py", "tests/test_wire.py"),
         backends=(SQLITE,),
         what="a 5xx stored and replayed instead of released",
