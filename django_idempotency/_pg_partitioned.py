@@ -414,7 +414,8 @@ FROM django_idempotency_claim(
 #: ``FENCED_SQLSTATE`` when the fence matches no row, so the completion can be sent
 #: with the transaction's ``COMMIT`` in one round trip: a lost lease aborts the
 #: transaction before that ``COMMIT`` runs. ``p_unlock``: the presence lock to release
-#: once the row is updated (locked), or ``NULL``.
+#: once the row is updated (locked), or ``NULL``; it is released before the function
+#: raises too (an unlock is not undone by the rollback that follows).
 COMPLETE_FUNCTION = f"""
 CREATE OR REPLACE FUNCTION django_idempotency_complete(
     p_id bigint, p_token uuid, p_sweep_after timestamptz, p_status integer,
@@ -423,6 +424,7 @@ CREATE OR REPLACE FUNCTION django_idempotency_complete(
 SET plan_cache_mode = force_generic_plan AS $fn$
 DECLARE
     v_now timestamptz := statement_timestamp() + p_clock_offset * interval '1 second';
+    v_updated bigint;
 BEGIN
     IF p_sweep_after IS NULL THEN  -- the plain table, or a claim that did not return it
         UPDATE {TABLE} r SET state = 'completed', response_status = p_status,
@@ -438,12 +440,13 @@ BEGIN
         WHERE r.id = p_id AND r.owner_token = p_token AND r.state = 'claimed'
           AND r.sweep_after = p_sweep_after;
     END IF;
-    IF NOT FOUND THEN
+    GET DIAGNOSTICS v_updated = ROW_COUNT;
+    IF p_unlock IS NOT NULL THEN  -- after the UPDATE locked the row; kept if we raise
+        PERFORM pg_advisory_unlock(p_unlock);
+    END IF;
+    IF v_updated <> 1 THEN
         RAISE EXCEPTION 'idempotency record % was fenced off: its lease was lost before '
             'completion', p_id USING ERRCODE = 'DIF01';
-    END IF;
-    IF p_unlock IS NOT NULL THEN
-        PERFORM pg_advisory_unlock(p_unlock);
     END IF;
     RETURN 1;
 END

@@ -541,6 +541,11 @@ def _fenced(claim: Claim) -> Any:
     )
 
 
+def _sqlstate(exc: BaseException | None) -> str | None:
+    """The SQLSTATE of a Django database error (that of the driver's error it wraps)."""
+    return getattr(getattr(exc, "__cause__", None), "sqlstate", None)
+
+
 @contextmanager
 def _fenced_errors(claim: Claim) -> Iterator[None]:
     """Turn a serialization failure of a fenced write into :class:`LeaseLost`.
@@ -552,7 +557,7 @@ def _fenced_errors(claim: Claim) -> Iterator[None]:
     try:
         yield
     except DatabaseError as exc:
-        sqlstate = getattr(exc.__cause__, "sqlstate", None)
+        sqlstate = _sqlstate(exc)
         if sqlstate == _SERIALIZATION_FAILURE:
             raise LeaseLost(
                 f"record {claim.record_id}: changed by another request while this one ran"
@@ -635,9 +640,14 @@ def complete(claim: Claim, response: StoredResponse, *, commit: bool = False) ->
         if unlock:
             params.update(_scope_filter(claim.scope))
         if commit or has_completion_function(connection):
-            with _fenced_errors(claim), connection.cursor() as cursor:
-                cursor.execute(complete_call_sql(unlock=unlock, commit=commit), params)
-            if unlock:  # the function raises unless the row was ours: nothing to count
+            try:
+                with _fenced_errors(claim), connection.cursor() as cursor:
+                    cursor.execute(complete_call_sql(unlock=unlock, commit=commit), params)
+            except LeaseLost as lost:
+                if unlock and _sqlstate(lost.__cause__) == FENCED_SQLSTATE:
+                    presence.dropped(claim)  # the function released the lock, then raised
+                raise
+            if unlock:
                 presence.dropped(claim)
             return commit
         pruned = claim.sweep_after is not None
