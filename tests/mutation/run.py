@@ -442,8 +442,8 @@ MUTANTS: list[Mutant] = [
     m(
         "S10r",
         "_pg_partitioned.py",
-        "    IF NOT FOUND THEN\n        RAISE EXCEPTION 'idempotency record % was fenced off",
-        "    IF false THEN\n        RAISE EXCEPTION 'idempotency record % was fenced off",
+        "    IF v_updated <> 1 THEN\n",
+        "    IF false THEN\n",
         tests=(
             "tests/test_claim_commit.py",
             f"{GUARDS}::test_a_fenced_completion_rolls_back_the_views_writes",
