@@ -540,8 +540,8 @@ MUTANTS: list[Mutant] = [
         "S16",
         "_pg.py",
         "    lease_until = {_NOW} + %(lease)s * interval '1 second',\n"
-        "    expires_at = GREATEST(expires_at, {_NOW} + %(lease)s * interval '1 second')\n",
-        "    lease_until = {_NOW} + %(lease)s * interval '1 second'\n",
+        "    expires_at = GREATEST(r.expires_at, {_NOW} + %(lease)s * interval '1 second'),\n",
+        "    lease_until = {_NOW} + %(lease)s * interval '1 second',\n",
         tests=(
             f"{EDGES}::test_a_takeover_near_the_end_of_the_window_survives_the_sweep",
             f"{EDGES}::test_a_completion_after_the_window_stays_replayable",
