@@ -38,9 +38,28 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return seen
 
 
-def post(key: str | None) -> Any:
+@pytest.fixture
+def commands(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """The transaction commands psycopg sends by itself (its own BEGIN, COMMIT)."""
+    from psycopg import _connection_base
+
+    seen: list[bytes] = []
+    real = _connection_base.BaseConnection._exec_command
+
+    def spy(self: Any, command: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(bytes(command) if isinstance(command, bytes) else str(command).encode())
+        return real(self, command, *args, **kwargs)
+
+    monkeypatch.setattr(_connection_base.BaseConnection, "_exec_command", spy)
+    return seen
+
+
+def post(key: str | None, *spies: list[Any]) -> Any:
+    """POST /tx/nested-blocks as a new user; ``spies`` are emptied just before."""
     token = TokenFactory(user__username=f"sp-{uuid.uuid4().hex[:8]}")
     headers = {"HTTP_IDEMPOTENCY_KEY": key} if key else {}
+    for spy in spies:
+        spy.clear()
     return token_client(token.key).post("/tx/nested-blocks", {}, format="json", **headers)
 
 
@@ -59,20 +78,24 @@ def kinds(statements: list[str]) -> list[str]:
 
 
 @pytest.mark.postgres
-def test_releases_go_out_before_the_next_statement_and_the_last_ones_never(sent):
+def test_releases_go_out_before_the_next_statement_and_the_last_ones_never(sent, commands):
     key = str(uuid.uuid4())
-    response = post(key)
+    response = post(key, sent, commands)
     assert response.status_code == 201, response.content
     assert set(response.json()) == {"last"}
-    order = kinds(sent[sent.index(next(s for s in sent if s.startswith("SAVEPOINT"))) :])
-    # first block: SAVEPOINT, INSERT, its release held until the next statement;
-    # failing block: SAVEPOINT, INSERT, INSERT (refused), ROLLBACK TO and RELEASE at
-    # once (Django's own handling); the write between; the last two blocks: their
-    # releases are held and dropped, the COMMIT that follows releases them.
-    assert order[:4] == ["SAVEPOINT", "INSERT", "RELEASE", "SAVEPOINT"]
-    assert order[4:8] == ["INSERT", "INSERT", "ROLLBACK TO", "RELEASE"]
-    assert order[8:11] == ["INSERT", "SAVEPOINT", "SAVEPOINT"]
-    assert order[11:] == ["INSERT", "SELECT", "COMMIT"]  # the completion carries COMMIT
+    first = next(i for i, sql in enumerate(sent) if "SAVEPOINT" in sql)
+    order = kinds(sent[first:])
+    assert commands == []  # psycopg sent neither a BEGIN nor a COMMIT of its own
+    # first block: BEGIN and its SAVEPOINT in one query (psycopg sent no BEGIN of its
+    # own), INSERT, its release held until the next statement; failing block:
+    # SAVEPOINT, INSERT, INSERT (refused), ROLLBACK TO and RELEASE at once (Django's own
+    # handling); the write between; the last two blocks: their releases are held and
+    # dropped, the COMMIT that follows releases them.
+    assert sent[first].startswith('BEGIN; SAVEPOINT "')
+    assert order[:5] == ["BEGIN", "SAVEPOINT", "INSERT", "RELEASE", "SAVEPOINT"]
+    assert order[5:9] == ["INSERT", "INSERT", "ROLLBACK TO", "RELEASE"]
+    assert order[9:12] == ["INSERT", "SAVEPOINT", "SAVEPOINT"]
+    assert order[12:] == ["INSERT", "SELECT", "COMMIT"]  # the completion carries COMMIT
     assert sorted(Widget.objects.values_list("name", flat=True)) == NAMES  # and only
     assert IdempotencyRecord.objects.get().state == "completed"
     replay = post(key)  # another user's token: another principal, so it runs again
@@ -81,7 +104,7 @@ def test_releases_go_out_before_the_next_statement_and_the_last_ones_never(sent)
 
 @pytest.mark.postgres
 def test_an_unkeyed_request_holds_nothing_back(sent):
-    response = post(None)
+    response = post(None, sent)
     order = kinds(sent)
     assert response.status_code == 201
     assert sorted(Widget.objects.values_list("name", flat=True)) == NAMES
@@ -94,7 +117,7 @@ def test_an_unkeyed_request_holds_nothing_back(sent):
 @pytest.mark.postgres
 def test_a_release_in_an_aborted_transaction_is_sent_at_once(sent):
     """Django's release fails in an aborted transaction and handles it there."""
-    wrapper = savepoints.DeferredReleases(connection)
+    wrapper = savepoints.ViewSavepoints(connection)
     from django.db import DatabaseError, transaction
 
     with transaction.atomic(), connection.execute_wrapper(wrapper):
@@ -117,7 +140,7 @@ def test_a_release_in_an_aborted_transaction_is_sent_at_once(sent):
 
 @pytest.mark.postgres
 def test_held_releases_go_out_in_order_before_the_next_statement():
-    wrapper = savepoints.DeferredReleases(connection)
+    wrapper = savepoints.ViewSavepoints(connection)
     from django.db import transaction
 
     with transaction.atomic(), connection.execute_wrapper(wrapper):
@@ -135,5 +158,57 @@ def test_held_releases_go_out_in_order_before_the_next_statement():
 def test_other_databases_hold_nothing(settings):
     if connection.vendor == "postgresql":
         pytest.skip("SQLite: nothing is held")
-    with savepoints.deferred_releases("default") as wrapper:
+    with savepoints.view_savepoints("default") as wrapper:
         assert wrapper is None
+
+
+@pytest.mark.postgres
+def test_the_connection_is_left_as_django_expects(sent):
+    """After the request psycopg is in autocommit again and no transaction is open, so
+    a write outside any block commits at once, as Django promises."""
+    assert post(str(uuid.uuid4())).status_code == 201
+    raw = connection.connection
+    assert raw.autocommit is True and connection.get_autocommit()
+    assert int(raw.info.transaction_status) == 0  # idle: nothing left open
+    Widget.objects.create(name="autocommitted")
+    settings = connection.settings_dict
+    with psycopg.connect(
+        dbname=settings["NAME"], user=settings["USER"], host=settings["HOST"], autocommit=True
+    ) as other:
+        seen = other.execute("SELECT count(*) FROM testapp_widget WHERE name = 'autocommitted'")
+        assert seen.fetchone() == (1,)
+
+
+@pytest.mark.postgres
+def test_only_a_savepoint_that_is_the_transactions_first_statement_carries_the_begin(
+    sent,
+):
+    from django.db import transaction
+
+    from django_idempotency import transactions
+
+    with transactions.atomic("default"):
+        wrapper = savepoints.ViewSavepoints(connection, begin=True)
+        with connection.execute_wrapper(wrapper):
+            Widget.objects.create(name="before-the-block")  # psycopg's BEGIN, then this
+            with transaction.atomic():
+                Widget.objects.create(name="in-the-block")
+        transaction.set_rollback(True)
+    assert not any(sql.startswith("BEGIN") for sql in sent)
+    assert any(sql.startswith("SAVEPOINT") for sql in sent)
+
+
+@pytest.mark.postgres
+def test_no_begin_is_carried_with_other_transaction_characteristics(monkeypatch):
+    from django.db import transaction
+
+    connection.ensure_connection()
+    raw = connection.connection
+
+    with transaction.atomic():
+        assert savepoints._plain_begin(connection.connection)
+        for name, value in (("isolation_level", 3), ("read_only", True), ("deferrable", True)):
+            monkeypatch.setattr(type(raw), name, value, raising=False)
+            assert not savepoints._plain_begin(connection.connection)
+            monkeypatch.undo()
+    assert not savepoints._plain_begin(connection.connection)  # autocommit: no block
