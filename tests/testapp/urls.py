@@ -39,4 +39,6 @@ urlpatterns = [
     path("tx/atomic-above-plain", views.atomic_above_plain),
     path("tx/atomic-below", views.atomic_below),
     path("tx/nested-blocks", views.nested_blocks),
+    path("review/inner", views.review_inner_two_blocks),
+    path("review/outer", views.review_outer_calls_inner),
 ]

@@ -441,3 +441,33 @@ def gate_then_write(request):
     _gate(request)
     Widget.objects.create(name=request.data.get("name", "gated"))
     return Response({"name": request.data.get("name", "gated")}, status=201)
+
+
+# --- Review s19: an idempotent view called from inside another one (tests/test_review_s19.py)
+
+
+@csrf_exempt
+@idempotent
+def review_inner_two_blocks(request: HttpRequest) -> HttpResponse:
+    """Two blocks one after the other, as any view may have."""
+    with _transaction.atomic():
+        Widget.objects.create(name="inner-1")
+    with _transaction.atomic():
+        Widget.objects.create(name="inner-2")
+    return JsonResponse({"ok": True}, status=201)
+
+
+@api_view(["POST"])
+@idempotent
+def review_outer_calls_inner(request):
+    """Calls another idempotent view (its own key) inside its transaction, then reads."""
+    from django.test import RequestFactory
+
+    inner = RequestFactory().post(
+        "/review/inner", {}, HTTP_IDEMPOTENCY_KEY=request.data["inner_key"]
+    )
+    inner.user = request.user
+    inner._dont_enforce_csrf_checks = True
+    inner_response = review_inner_two_blocks(inner)
+    count = Widget.objects.count()  # any statement after the inner view
+    return Response({"inner": inner_response.status_code, "count": count}, status=201)
