@@ -21,7 +21,9 @@ wrapper) saves two of them:
   held and sent just before the next statement, in order; the ones still held when the
   view is done are dropped, because the transaction ends next (its ``COMMIT`` or
   ``ROLLBACK`` releases every savepoint). A view whose last block closes right before it
-  returns (the common shape) saves that round trip.
+  returns (the common shape) saves that round trip. While Django logs queries
+  (``DEBUG``, ``assertNumQueries``, ``CaptureQueriesContext``) nothing is held, so the
+  log lists exactly the statements sent.
 
 A release is held only while the transaction is healthy (PostgreSQL's ``INTRANS``): in
 a transaction a failed statement aborted, Django's release fails and Django handles
@@ -75,7 +77,12 @@ class ViewSavepoints:
         if self._flushing:
             return execute(sql, params, many, context)
         plain = params is None and not many and isinstance(sql, str)
-        if plain and sql.startswith(_RELEASE) and self._status() == _INTRANS:
+        if (
+            plain
+            and sql.startswith(_RELEASE)
+            and self._status() == _INTRANS
+            and not self.connection.queries_logged  # the log shows what is sent, as sent
+        ):
             self.held.append(sql)
             return None
         self.flush()
@@ -137,12 +144,17 @@ def view_savepoints(using: str, *, begin: bool = False) -> Iterator[ViewSavepoin
         begin: the app's block is the whole transaction and no statement ran in it
             yet: the view's first savepoint may carry its ``BEGIN``.
 
-    Yields the wrapper, or ``None`` on other databases. The caller calls
+    Yields the wrapper, or ``None`` on other databases and where an outer view's
+    wrapper is active on the connection already. The caller calls
     :meth:`ViewSavepoints.drop` right before the statement that ends the transaction;
     held releases otherwise go out before the next statement.
     """
     connection = connections[using]
-    if connection.vendor != "postgresql":
+    if connection.vendor != "postgresql" or any(
+        isinstance(active, ViewSavepoints) for active in connection.execute_wrappers
+    ):
+        # An idempotent view called inside another one's transaction: the outer view's
+        # wrapper already sees every statement (two would hold each other's releases).
         yield None
         return
     wrapper = ViewSavepoints(connection, begin=begin)

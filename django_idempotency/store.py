@@ -575,10 +575,14 @@ def commits_with_completion(connection: Any) -> bool:
     Asked by the caller of ``complete(..., commit=True)`` after it made sure that the
     transaction is its own outermost block. ``True`` on PostgreSQL with psycopg 3 and
     Django's default client-side binding (several statements in one simple query), at
-    READ COMMITTED, once migration 0006 installed ``django_idempotency_complete``. No
-    query is sent (the function's presence is cached per process).
+    READ COMMITTED (neither Django's ``isolation_level`` nor, as claims found out, the
+    server's default above it), once migration 0006 installed
+    ``django_idempotency_complete``. No query is sent (the function's presence is cached
+    per process).
     """
     if connection.vendor != "postgresql" or stricter_than_read_committed(connection):
+        return False
+    if connection.alias in _strict_databases:  # the server's default is stricter
         return False
     if connection.settings_dict.get("OPTIONS", {}).get("server_side_binding") is True:
         return False

@@ -259,6 +259,10 @@ def test_no_committing_completion_above_read_committed_or_with_server_binding(
     assert not store.commits_with_completion(connection)
     monkeypatch.setitem(options, "isolation_level", IsolationLevel.READ_COMMITTED)
     assert store.commits_with_completion(connection)
+    monkeypatch.setattr(store, "_strict_databases", {"default"})  # the server's default
+    assert not store.commits_with_completion(connection)  # is stricter (claims found out)
+    monkeypatch.setattr(store, "_strict_databases", set())
+    assert store.commits_with_completion(connection)
     monkeypatch.setitem(options, "server_side_binding", True)
     assert not store.commits_with_completion(connection)
 
