@@ -212,3 +212,24 @@ def test_no_begin_is_carried_with_other_transaction_characteristics(monkeypatch)
             assert not savepoints._plain_begin(connection.connection)
             monkeypatch.undo()
     assert not savepoints._plain_begin(connection.connection)  # autocommit: no block
+
+
+@pytest.mark.postgres
+def test_a_transaction_opened_past_the_wrappers_keeps_its_own_begin(sent):
+    """A statement that bypasses Django's execute wrappers (the raw driver connection)
+    opened the transaction before the view's first block: that block's SAVEPOINT goes
+    alone, and psycopg is left as it was."""
+    from django.db import transaction
+
+    from django_idempotency import transactions
+
+    with transactions.atomic("default"):
+        wrapper = savepoints.ViewSavepoints(connection, begin=True)
+        with connection.execute_wrapper(wrapper):
+            connection.ensure_connection()
+            connection.connection.execute("SELECT 1")  # psycopg opens the transaction
+            with transaction.atomic():
+                Widget.objects.create(name="in-the-block")
+            assert connection.connection.autocommit is False
+        transaction.set_rollback(True)
+    assert [sql for sql in sent if "SAVEPOINT" in sql][0].startswith("SAVEPOINT")

@@ -481,8 +481,8 @@ MUTANTS: list[Mutant] = [
     m(
         "X1",
         "savepoints.py",
-        "        self.flush()\n        return execute(sql, params, many, context)\n",
-        "        return execute(sql, params, many, context)\n",
+        "        self.flush()\n        if plain and self.begin and sql.startswith(_SAVEPOINT):\n",
+        "        if plain and self.begin and sql.startswith(_SAVEPOINT):\n",
         tests=("tests/test_savepoints.py",),
         backends=(PG,),
         what="a held RELEASE SAVEPOINT not sent before the next statement",
@@ -490,11 +490,41 @@ MUTANTS: list[Mutant] = [
     m(
         "X2",
         "savepoints.py",
-        "            and self._healthy()\n",
+        "            and self._status() == _INTRANS\n",
         "",
         tests=("tests/test_savepoints.py",),
         backends=(PG,),
         what="a RELEASE held in an aborted transaction (Django's failure handling skipped)",
+    ),
+    m(
+        "X3",
+        "savepoints.py",
+        "            and not self.connection.queries_logged"
+        "  # the log shows what is sent, as sent\n",
+        "",
+        tests=("tests/test_review_s19.py",),
+        backends=(PG,),
+        what="releases held while Django logs queries (logged as statements without SQL)",
+    ),
+    m(
+        "X4",
+        "savepoints.py",
+        '    if connection.vendor != "postgresql" or any(\n'
+        "        isinstance(active, ViewSavepoints) for active in connection.execute_wrappers\n"
+        "    ):\n",
+        '    if connection.vendor != "postgresql":\n',
+        tests=("tests/test_review_s19.py",),
+        backends=(PG,),
+        what="a second savepoint wrapper for a view inside another's transaction",
+    ),
+    m(
+        "X5",
+        "savepoints.py",
+        "            if self._status() == _IDLE and _plain_begin(raw):\n",
+        "            if _plain_begin(raw):\n",
+        tests=("tests/test_savepoints.py",),
+        backends=(PG,),
+        what="the first savepoint carries a BEGIN although the transaction was open already",
     ),
     m(
         "S14s",
