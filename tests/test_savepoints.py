@@ -232,4 +232,4 @@ def test_a_transaction_opened_past_the_wrappers_keeps_its_own_begin(sent):
                 Widget.objects.create(name="in-the-block")
             assert connection.connection.autocommit is False
         transaction.set_rollback(True)
-    assert [sql for sql in sent if "SAVEPOINT" in sql][0].startswith("SAVEPOINT")
+    assert next(sql for sql in sent if "SAVEPOINT" in sql).startswith("SAVEPOINT")
