@@ -115,32 +115,38 @@ _PG_TAKEOVER_WHERE = (
     "    FOR UPDATE SKIP LOCKED\n"
 )
 
-# CLAIM_FUNCTION_V2 (_pg_partitioned.py): from "now" after the scope lock to the lookup's
-# test (CLAIM_FUNCTION_V1, run by migration 0003 only, has the same lookup).
-_V2_LOOKUP = (
-    "    v_now := clock_timestamp() + p_clock_offset * interval '1 second';\n"
-    "    -- 2. Look it up. At READ COMMITTED each statement of a volatile function takes a\n"
-    "    --    new snapshot, so every row committed by an earlier holder of the lock is seen.\n"
-    "    SELECT * INTO v_row FROM {TABLE} r\n"
-    "    WHERE r.principal = p_principal AND r.endpoint = p_endpoint AND r.key = p_key;\n"
-    "    IF FOUND THEN\n"
+# CLAIM_FUNCTION_V3 (_pg_partitioned.py, migration 0005), the version in use: the
+# lookup's test and the DELETE of a record past its window. Version 2, kept beside it
+# for processes of the previous release, has the same DELETE text, so the snippets
+# start in lines of version 3's own.
+_V3_LOOKUP = (
+    "                    v_row.sweep_after;\n"
+    "                RETURN;\n"
+    "            END IF;\n"
+    "        END IF;\n"
     "        IF v_row.expires_at > v_now\n"
     "           OR (v_row.state = 'claimed' AND v_row.lease_until > v_now) THEN\n"
 )
-_V2_LOOKUP_NO_LEASE = _V2_LOOKUP.replace(
+_V3_LOOKUP_NO_LEASE = _V3_LOOKUP.replace(
     "        IF v_row.expires_at > v_now\n"
     "           OR (v_row.state = 'claimed' AND v_row.lease_until > v_now) THEN\n",
     "        IF v_row.expires_at > v_now THEN\n",
 )
-_V2_DELETE = (
+_V3_DELETE = (
+    "v_row.response_headers, v_row.response_body, v_row.owner_pid, false, false,\n"
+    "                v_row.sweep_after;\n"
+    "            RETURN;\n"
+    "        END IF;\n"
+    "        -- Past its retention window and its lease: the key is new. Delete the row\n"
+    "        -- and insert a fresh one (the partition key is never rewritten).\n"
+    "        DELETE FROM {TABLE} r\n"
     "        WHERE r.id = v_row.id AND r.sweep_after = v_row.sweep_after\n"
     "          AND r.expires_at <= v_now AND (r.state = 'completed' OR r.lease_until <= v_now);\n"
 )
-_V2_DELETE_NO_LEASE = (
-    "        WHERE r.id = v_row.id AND r.sweep_after = v_row.sweep_after\n"
-    "          AND r.expires_at <= v_now;\n"
+_V3_DELETE_NO_LEASE = _V3_DELETE.replace(
+    "          AND r.expires_at <= v_now AND (r.state = 'completed' OR r.lease_until <= v_now);\n",
+    "          AND r.expires_at <= v_now;\n",
 )
-
 # The window invariant: every write keeps `expires_at >= lease_until` (heartbeat,
 # takeover, claim, restamp). The readers (the claim's forget, the claim function, the
 # sweeper) also check the lease: two guards of one rule. Dropping one alone changes
@@ -644,11 +650,11 @@ MUTANTS: list[Mutant] = [
     m(
         "P1",
         "_pg_partitioned.py",
-        _V2_LOOKUP,
-        _V2_LOOKUP_NO_LEASE,
+        _V3_LOOKUP,
+        _V3_LOOKUP_NO_LEASE,
         tests=(GUARDS,),
         backends=(PG,),
-        what="claim function (V2): the lookup ignores a live lease past the window",
+        what="claim function (V3): the lookup ignores a live lease past the window",
         equivalent=(
             "the DELETE that follows re-checks the lease (state = 'completed' OR "
             "lease_until <= now) and returns no row, so the caller re-reads and answers "
@@ -658,29 +664,29 @@ MUTANTS: list[Mutant] = [
     m(
         "P2",
         "_pg_partitioned.py",
-        _V2_DELETE,
-        _V2_DELETE_NO_LEASE,
+        _V3_DELETE,
+        _V3_DELETE_NO_LEASE,
         tests=(
             f"{GUARDS}::test_a_heartbeat_after_the_read_keeps_an_expired_record_from_being_forgotten",
         ),
         backends=(PG,),
-        what="claim function (V2): the delete ignores a heartbeat that landed after the lookup",
+        what="claim function (V3): the delete ignores a heartbeat that landed after the lookup",
         equivalent=_INVARIANT.format(what="claim function's DELETE", pair="P2x"),
     ),
     m(
         "P3",
         "_pg_partitioned.py",
-        ((_V2_LOOKUP, _V2_LOOKUP_NO_LEASE), (_V2_DELETE, _V2_DELETE_NO_LEASE)),
+        ((_V3_LOOKUP, _V3_LOOKUP_NO_LEASE), (_V3_DELETE, _V3_DELETE_NO_LEASE)),
         tests=(f"{GUARDS}::test_a_record_past_its_window_is_not_replaced_while_its_lease_is_live",),
         backends=(PG,),
-        what="claim function (V2): a record past its window replaced while its lease is live",
+        what="claim function (V3): a record past its window replaced while its lease is live",
         equivalent=_INVARIANT.format(what="claim function", pair="P3x"),
     ),
     m(
         "P2x",
         "_pg_partitioned.py",
-        _V2_DELETE,
-        _V2_DELETE_NO_LEASE,
+        _V3_DELETE,
+        _V3_DELETE_NO_LEASE,
         also=(_HEARTBEAT_WINDOW_PG,),
         tests=(
             f"{GUARDS}::test_a_heartbeat_after_the_read_keeps_an_expired_record_from_being_forgotten",
@@ -691,7 +697,7 @@ MUTANTS: list[Mutant] = [
     m(
         "P3x",
         "_pg_partitioned.py",
-        ((_V2_LOOKUP, _V2_LOOKUP_NO_LEASE), (_V2_DELETE, _V2_DELETE_NO_LEASE)),
+        ((_V3_LOOKUP, _V3_LOOKUP_NO_LEASE), (_V3_DELETE, _V3_DELETE_NO_LEASE)),
         also=(_HEARTBEAT_WINDOW_PG,),
         tests=(f"{GUARDS}::test_a_record_past_its_window_is_not_replaced_while_its_lease_is_live",),
         backends=(PG,),
