@@ -41,4 +41,7 @@ urlpatterns = [
     path("tx/nested-blocks", views.nested_blocks),
     path("review/inner", views.review_inner_two_blocks),
     path("review/outer", views.review_outer_calls_inner),
+    path("review2/lock-iterate", views.review2_lock_iterate),
+    path("review2/copy-caught", views.review2_copy_caught),
+    path("review2/block-then", views.review2_block_then),
 ]

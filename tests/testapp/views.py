@@ -471,3 +471,59 @@ def review_outer_calls_inner(request):
     inner_response = review_inner_two_blocks(inner)
     count = Widget.objects.count()  # any statement after the inner view
     return Response({"inner": inner_response.status_code, "count": count}, status=201)
+
+
+# --- Review 2 s19: the first savepoint carrying the BEGIN (tests/test_review2_s19.py)
+
+
+@api_view(["POST"])
+@idempotent(required=False)
+def review2_lock_iterate(request):
+    """A block first (its SAVEPOINT is the transaction's first statement), then the
+    common batch shape: lock the rows and walk them with ``.iterator()``."""
+    with _transaction.atomic():
+        Widget.objects.create(name="first")
+    names = [w.name for w in Widget.objects.select_for_update().iterator()]
+    return Response({"names": names}, status=201)
+
+
+@api_view(["POST"])
+@idempotent(required=False)
+def review2_copy_caught(request):
+    """A COPY that fails (bad data) inside a block, caught; a block that closed just
+    before it. The view then writes again and answers 201."""
+    import psycopg
+    from django.db import connection
+
+    Widget.objects.create(name="kept")
+    try:
+        with _transaction.atomic():
+            with _transaction.atomic():
+                Widget.objects.create(name="rolled-back")
+            with (
+                connection.cursor() as cursor,
+                cursor.copy("COPY testapp_widget (name, size) FROM STDIN") as copy,
+            ):
+                copy.write_row(["bad", "not-a-number"])
+    except psycopg.Error:
+        pass
+    Widget.objects.create(name="after")
+    return Response({"ok": True}, status=201)
+
+
+@api_view(["POST"])
+@idempotent(required=False, lease=30)
+def review2_block_then(request):
+    """A block first (its SAVEPOINT carries the BEGIN), the during_view hook, then the
+    outcome asked for in the body: raise, a status, or set_rollback(True)."""
+    with _transaction.atomic():
+        Widget.objects.create(name="first")
+    _gate(request)
+    mode = request.data.get("mode", "")
+    if mode == "raise":
+        raise RuntimeError("after the first block")
+    if mode == "rollback":
+        _transaction.set_rollback(True)
+    with _transaction.atomic():
+        Widget.objects.create(name="last")
+    return Response({"mode": mode}, status=int(request.data.get("status", 201)))

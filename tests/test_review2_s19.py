@@ -1,0 +1,154 @@
+"""Review 2 of s19: the view's first savepoint carrying the BEGIN (psycopg switched to
+autocommit while Django believes it is inside its block) and the held releases
+(``django_idempotency.savepoints``), against real PostgreSQL."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from django_idempotency import savepoints, store
+from django_idempotency.models import IdempotencyRecord
+from tests.concurrency import token_client
+from tests.factories import TokenFactory
+from tests.faults import admin_connection, terminate
+from tests.testapp.gates import HOOKS
+from tests.testapp.models import Widget
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+
+def post(path: str, key: str | None, data: dict[str, Any] | None = None) -> Any:
+    token = TokenFactory(user__username=f"r2-{uuid.uuid4().hex[:8]}")
+    headers = {"HTTP_IDEMPOTENCY_KEY": key} if key else {}
+    return token_client(token.key).post(path, data or {}, format="json", **headers)
+
+
+def test_select_for_update_iterator_works_after_the_first_savepoint_carried_the_begin(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """Django declares ``.iterator()``'s server-side cursor ``WITH HOLD`` when the
+    *psycopg* connection is in autocommit (``withhold=self.connection.autocommit`` in
+    django/db/backends/postgresql/base.py), and PostgreSQL refuses ``WITH HOLD`` with
+    ``FOR UPDATE``. After the first savepoint carried the BEGIN psycopg is in autocommit
+    while the view runs in the app's transaction, so the view's locking iterator fails:
+    a 500 (NotSupportedError) where the same keyed view works when psycopg sends its
+    own BEGIN (the control).
+    """
+    with monkeypatch.context() as patched:  # the control: no BEGIN carried, psycopg's own
+        patched.setattr(savepoints, "_plain_begin", lambda raw: False)
+        control = post("/review2/lock-iterate", str(uuid.uuid4()))
+    assert control.status_code == 201, control.content[:300]
+    Widget.objects.all().delete()
+    IdempotencyRecord.objects.all().delete()
+    keyed = post("/review2/lock-iterate", str(uuid.uuid4()))
+    assert keyed.status_code == 201, keyed.content[:300]
+    assert keyed.json() == {"names": ["first"]}
+    assert IdempotencyRecord.objects.get().state == "completed"
+
+
+def test_a_caught_failing_copy_after_a_closed_block_keeps_the_views_writes():
+    """A statement that bypasses Django's execute wrappers (psycopg's ``cursor.copy()``)
+    and fails aborts the transaction while the inner block's release is still held.
+    Django then rolls back to the outer block's savepoint, which recovers the
+    transaction, but the wrapper first sends the held ``RELEASE SAVEPOINT`` into the
+    aborted transaction: it fails, Django's rollback to the savepoint is skipped and the
+    whole app block is marked for rollback. The view's next write then raises
+    (``TransactionManagementError``): a 500 and the view's committed-before writes lost,
+    where without the held release the view answers 201 and keeps them."""
+    unkeyed = post("/review2/copy-caught", None)
+    assert unkeyed.status_code == 201, unkeyed.content
+    assert sorted(Widget.objects.values_list("name", flat=True)) == ["after", "kept"]
+    Widget.objects.all().delete()
+    with CaptureQueriesContext(connection):  # the control: while logging, nothing is held
+        control = post("/review2/copy-caught", str(uuid.uuid4()))
+    assert control.status_code == 201, control.content[:300]
+    assert sorted(Widget.objects.values_list("name", flat=True)) == ["after", "kept"]
+    Widget.objects.all().delete()
+    IdempotencyRecord.objects.all().delete()
+    keyed = post("/review2/copy-caught", str(uuid.uuid4()))
+    assert keyed.status_code == 201, keyed.content[:300]
+    assert sorted(Widget.objects.values_list("name", flat=True)) == ["after", "kept"]
+    assert IdempotencyRecord.objects.get().state == "completed"
+    assert connection.get_autocommit() and connection.connection.autocommit is True
+
+
+# --- What held up: after the first savepoint carried the BEGIN, each way the request
+# can end leaves the connection as a fresh one, and nothing of the view half-committed.
+
+
+@pytest.fixture(autouse=True)
+def _no_hooks() -> Any:
+    yield
+    HOOKS.clear()
+
+
+def committed() -> list[str]:
+    """The view's rows another session sees (committed)."""
+    with admin_connection() as admin:
+        rows = admin.execute(
+            "SELECT name FROM testapp_widget WHERE name IN ('first', 'last')"
+        ).fetchall()
+    return sorted(name for (name,) in rows)
+
+
+def assert_fresh() -> None:
+    """Django and psycopg agree on autocommit, no transaction is left open, an unkeyed
+    write commits at once and a keyed request works."""
+    raw = connection.connection
+    if raw is not None and not raw.closed:
+        assert connection.get_autocommit() and raw.autocommit is True
+        assert int(raw.info.transaction_status) == 0
+    name = f"auto-{uuid.uuid4().hex[:6]}"
+    Widget.objects.create(name=name)
+    with admin_connection() as admin:
+        seen = admin.execute("SELECT count(*) FROM testapp_widget WHERE name = %s", [name])
+        assert seen.fetchone() == (1,)
+    again = post("/review2/block-then", str(uuid.uuid4()))
+    assert again.status_code == 201, again.content[:300]
+
+
+def test_the_two_step_completion_after_the_carried_begin(monkeypatch: pytest.MonkeyPatch):
+    """The server's default isolation is stricter (store._strict_databases): no COMMIT
+    with the completion; psycopg's commit() must still end the explicit transaction."""
+    monkeypatch.setattr(store, "_strict_databases", {"default"})
+    assert post("/review2/block-then", str(uuid.uuid4())).status_code == 201
+    assert committed() == ["first", "last"]
+    assert IdempotencyRecord.objects.get().state == "completed"
+    assert_fresh()
+    assert post("/review2/block-then", str(uuid.uuid4()), {"mode": "raise"}).status_code == 500
+    assert_fresh()
+
+
+@pytest.mark.parametrize(("data", "status"), [({"mode": "raise"}, 500), ({"status": 503}, 503)])
+def test_a_failure_after_the_carried_begin_leaves_a_fresh_connection(data, status):
+    assert post("/review2/block-then", str(uuid.uuid4()), data).status_code == status
+    assert committed() == [] and not IdempotencyRecord.objects.exists()
+    assert_fresh()
+
+
+def test_a_takeover_after_the_carried_begin_commits_nothing():
+    def fence(request: object) -> None:
+        with admin_connection() as admin:
+            admin.execute(
+                "UPDATE django_idempotency_record SET owner_token = gen_random_uuid() "
+                "WHERE state = 'claimed'"
+            )
+
+    HOOKS["during_view"] = fence
+    assert post("/review2/block-then", str(uuid.uuid4())).status_code == 409
+    HOOKS.clear()
+    assert committed() == []
+    assert_fresh()
+
+
+def test_a_connection_killed_after_the_carried_begin():
+    HOOKS["during_view"] = lambda request: terminate(connection.connection.info.backend_pid)
+    assert post("/review2/block-then", str(uuid.uuid4())).status_code in (500, 503)
+    HOOKS.clear()
+    assert committed() == []
+    assert_fresh()
