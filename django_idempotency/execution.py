@@ -163,9 +163,7 @@ def _execute_atomic(
     try:
         with (
             transactions.atomic(claim.using),
-            savepoints.view_savepoints(
-                claim.using, begin=transactions.outermost_own(claim.using)
-            ) as releases,
+            savepoints.view_savepoints(claim.using) as releases,
         ):
             with write_guard.guard(view_name, claim.scope.endpoint, claim.using) as guard:
                 response = finalize(call())

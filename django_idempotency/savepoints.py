@@ -1,37 +1,25 @@
-"""The view's savepoints inside the app's transaction, in fewer round trips.
+"""The view's ``RELEASE SAVEPOINT`` statements, sent late or not at all.
 
 Inside the app's transaction every ``transaction.atomic()`` block of the view is a
 savepoint: ``SAVEPOINT`` when it opens, ``RELEASE SAVEPOINT`` when it closes, a round
-trip each, and the transaction's ``BEGIN`` one more before the first. While a
-single-transaction view runs on PostgreSQL, :class:`ViewSavepoints` (an execute
-wrapper) saves two of them:
+trip each. A release changes nothing the next statement could observe: it only merges
+the savepoint's work into its parent. So while a single-transaction view runs on
+PostgreSQL, :class:`ViewSavepoints` (an execute wrapper) holds each release back and
+sends it just before the next statement, in order; the ones still held when the view
+is done are dropped, because the transaction ends next (its ``COMMIT`` or ``ROLLBACK``
+releases every savepoint). A view whose last block closes right before it returns (the
+common shape) saves that round trip.
 
-* **The first savepoint goes with the BEGIN.** When the view's first statement in the
-  transaction is a ``SAVEPOINT`` (its block opens before anything else ran), the
-  wrapper sends ``BEGIN; SAVEPOINT ...`` in one simple query instead of letting psycopg
-  send its ``BEGIN`` alone first. psycopg is switched to autocommit for that (public
-  API, allowed while no transaction is open) so that it adds no ``BEGIN`` of its own;
-  the transaction is then the explicit one it carries, which psycopg passes through,
-  and Django's exit of the app's block commits or rolls it back and restores
-  autocommit as always. Only with psycopg's default transaction characteristics
-  (isolation level, read-only and deferrable unset, so its ``BEGIN`` is a plain
-  ``BEGIN``) and where the app's block is the whole transaction.
-* **Releases are held back.** A release changes nothing the next statement could
-  observe: it only merges the savepoint's work into its parent. So each release is
-  held and sent just before the next statement, in order; the ones still held when the
-  view is done are dropped, because the transaction ends next (its ``COMMIT`` or
-  ``ROLLBACK`` releases every savepoint). A view whose last block closes right before it
-  returns (the common shape) saves that round trip. While Django logs queries
-  (``DEBUG``, ``assertNumQueries``, ``CaptureQueriesContext``) nothing is held, so the
-  log lists exactly the statements sent.
-
-A release is held only while the transaction is healthy (PostgreSQL's ``INTRANS``): in
-a transaction a failed statement aborted, Django's release fails and Django handles
-that failure where it happens, so it is sent at once. Statements that bypass Django's
-execute wrappers (psycopg's ``cursor.copy()``, the raw driver connection) run inside the
-savepoint not yet released, which is the same transaction state; only a raw
-``ROLLBACK TO SAVEPOINT`` of an outer savepoint, sent past Django, would make the held
-release fail, on the next statement.
+A release is held only while the transaction is healthy (PostgreSQL's ``INTRANS``) and
+Django is not logging queries: in an aborted transaction Django's release fails and
+Django handles that failure where it happens; with ``DEBUG``, ``assertNumQueries`` or
+``CaptureQueriesContext`` the log lists exactly the statements sent. When a statement
+that bypasses Django's execute wrappers (psycopg's ``cursor.copy()``, the raw driver
+connection) fails while releases are held, they are dropped instead of sent: the
+aborted transaction can only go on by rolling back to a savepoint opened before them,
+which removes theirs as their release would have, so the view's blocks end as they
+would without the app. Only one wrapper is active per connection: an idempotent view
+called inside another one's transaction leaves its statements to the outer one's.
 """
 
 from __future__ import annotations
@@ -42,43 +30,36 @@ from typing import Any
 
 from django.db import connections
 
-#: Django's statements (``ops.savepoint_create_sql`` / ``savepoint_commit_sql``):
-#: ``SAVEPOINT "s140_x1"``, ``RELEASE SAVEPOINT "s140_x1"``.
-_SAVEPOINT = "SAVEPOINT "
+#: Django's release statement: ``RELEASE SAVEPOINT "s140_x1"`` (``ops.savepoint_commit_sql``).
 _RELEASE = "RELEASE SAVEPOINT "
-#: libpq's ``PQTRANS_IDLE`` (no transaction open) and ``PQTRANS_INTRANS`` (idle inside
-#: a healthy transaction block).
-_IDLE = 0
+#: libpq's ``PQTRANS_INTRANS`` (idle inside a healthy transaction block) and
+#: ``PQTRANS_INERROR`` (inside a transaction a failed statement aborted).
 _INTRANS = 2
+_INERROR = 3
 
 
 class ViewSavepoints:
-    """An execute wrapper (``connection.execute_wrapper``) for the view's savepoints.
+    """An execute wrapper (``connection.execute_wrapper``) that holds releases back.
 
     Args:
         connection: the Django connection it wraps (PostgreSQL).
-        begin: whether the view's first ``SAVEPOINT`` may carry the transaction's
-            ``BEGIN`` (the caller's block is the whole transaction).
     """
 
-    def __init__(self, connection: Any, *, begin: bool = False) -> None:
+    def __init__(self, connection: Any) -> None:
         self.connection = connection
         self.held: list[str] = []
-        self.begin = begin
         self._flushing = False
 
     def __call__(
         self, execute: Any, sql: Any, params: Any, many: bool, context: dict[str, Any]
     ) -> Any:
-        """Send the first savepoint with the BEGIN, and hold releases back.
-
-        Held releases go out, in order, before the next statement of any other kind.
-        """
+        """Hold a release back; send the held ones before any other statement."""
         if self._flushing:
             return execute(sql, params, many, context)
-        plain = params is None and not many and isinstance(sql, str)
         if (
-            plain
+            params is None
+            and not many
+            and isinstance(sql, str)
             and sql.startswith(_RELEASE)
             and self._status() == _INTRANS
             and not self.connection.queries_logged  # the log shows what is sent, as sent
@@ -86,22 +67,7 @@ class ViewSavepoints:
             self.held.append(sql)
             return None
         self.flush()
-        if plain and self.begin and sql.startswith(_SAVEPOINT):
-            self.begin = False  # the first statement only
-            raw = self.connection.connection
-            if self._status() == _IDLE and _plain_begin(raw):
-                return self._begin_with(execute, sql, context, raw)
-        self.begin = False
         return execute(sql, params, many, context)
-
-    def _begin_with(self, execute: Any, sql: str, context: dict[str, Any], raw: Any) -> Any:
-        raw.autocommit = True  # psycopg adds no BEGIN: ours opens the transaction
-        try:
-            return execute(f"BEGIN; {sql}", None, False, context)
-        except BaseException:
-            if self._status() == _IDLE:  # no transaction was opened: psycopg opens them
-                raw.autocommit = False
-            raise
 
     def _status(self) -> int | None:
         info = getattr(self.connection.connection, "info", None)
@@ -109,8 +75,16 @@ class ViewSavepoints:
         return None if status is None else int(status)
 
     def flush(self) -> None:
-        """Send the held releases now, in the order Django asked for them."""
+        """Send the held releases now, in the order Django asked for them.
+
+        In a transaction that a statement past the wrappers aborted meanwhile, they are
+        dropped instead: sent, they would fail, where the rollback to an earlier
+        savepoint that must come next removes their savepoints anyway.
+        """
         if not self.held:
+            return
+        if self._status() == _INERROR:
+            self.held = []
             return
         statements, self.held = "; ".join(self.held), []
         self._flushing = True
@@ -125,24 +99,9 @@ class ViewSavepoints:
         self.held = []
 
 
-def _plain_begin(raw: Any) -> bool:
-    """Whether psycopg 3 would open a transaction on ``raw`` with a plain ``BEGIN``."""
-    return (
-        getattr(raw, "autocommit", None) is False
-        and getattr(raw, "isolation_level", 0) is None
-        and getattr(raw, "read_only", 0) is None
-        and getattr(raw, "deferrable", 0) is None
-    )
-
-
 @contextmanager
-def view_savepoints(using: str, *, begin: bool = False) -> Iterator[ViewSavepoints | None]:
-    """Wrap the view's statements on ``using`` while the block runs (PostgreSQL).
-
-    Args:
-        using: the database alias of the app's transaction.
-        begin: the app's block is the whole transaction and no statement ran in it
-            yet: the view's first savepoint may carry its ``BEGIN``.
+def view_savepoints(using: str) -> Iterator[ViewSavepoints | None]:
+    """Hold the view's releases back on ``using`` while the block runs (PostgreSQL).
 
     Yields the wrapper, or ``None`` on other databases and where an outer view's
     wrapper is active on the connection already. The caller calls
@@ -157,6 +116,6 @@ def view_savepoints(using: str, *, begin: bool = False) -> Iterator[ViewSavepoin
         # wrapper already sees every statement (two would hold each other's releases).
         yield None
         return
-    wrapper = ViewSavepoints(connection, begin=begin)
+    wrapper = ViewSavepoints(connection)
     with connection.execute_wrapper(wrapper):
         yield wrapper

@@ -1,6 +1,7 @@
-"""Review 2 of s19: the view's first savepoint carrying the BEGIN (psycopg switched to
-autocommit while Django believes it is inside its block) and the held releases
-(``django_idempotency.savepoints``), against real PostgreSQL."""
+"""Review 2 of s19: the view's savepoints (``django_idempotency.savepoints``) against
+real PostgreSQL: a first savepoint that once carried the transaction's BEGIN (psycopg
+switched to autocommit while Django believed it was inside its block: removed), the held
+releases, and the connection each failure leaves for the next request."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from django_idempotency import savepoints, store
+from django_idempotency import store
 from django_idempotency.models import IdempotencyRecord
 from tests.concurrency import token_client
 from tests.factories import TokenFactory
@@ -28,23 +29,14 @@ def post(path: str, key: str | None, data: dict[str, Any] | None = None) -> Any:
     return token_client(token.key).post(path, data or {}, format="json", **headers)
 
 
-def test_select_for_update_iterator_works_after_the_first_savepoint_carried_the_begin(
-    monkeypatch: pytest.MonkeyPatch,
-):
+def test_a_locking_iterator_works_in_a_view_whose_first_statement_is_a_savepoint():
     """Django declares ``.iterator()``'s server-side cursor ``WITH HOLD`` when the
     *psycopg* connection is in autocommit (``withhold=self.connection.autocommit`` in
     django/db/backends/postgresql/base.py), and PostgreSQL refuses ``WITH HOLD`` with
-    ``FOR UPDATE``. After the first savepoint carried the BEGIN psycopg is in autocommit
-    while the view runs in the app's transaction, so the view's locking iterator fails:
-    a 500 (NotSupportedError) where the same keyed view works when psycopg sends its
-    own BEGIN (the control).
-    """
-    with monkeypatch.context() as patched:  # the control: no BEGIN carried, psycopg's own
-        patched.setattr(savepoints, "_plain_begin", lambda raw: False)
-        control = post("/review2/lock-iterate", str(uuid.uuid4()))
-    assert control.status_code == 201, control.content[:300]
-    Widget.objects.all().delete()
-    IdempotencyRecord.objects.all().delete()
+    ``FOR UPDATE``. A view's first savepoint once carried the transaction's ``BEGIN`` by
+    switching psycopg to autocommit while the view ran in the app's transaction, which
+    made this view fail with a 500 (NotSupportedError); psycopg now stays as Django set
+    it, and the view, whose first statement is a savepoint, works."""
     keyed = post("/review2/lock-iterate", str(uuid.uuid4()))
     assert keyed.status_code == 201, keyed.content[:300]
     assert keyed.json() == {"names": ["first"]}
@@ -77,7 +69,7 @@ def test_a_caught_failing_copy_after_a_closed_block_keeps_the_views_writes():
     assert connection.get_autocommit() and connection.connection.autocommit is True
 
 
-# --- What held up: after the first savepoint carried the BEGIN, each way the request
+# --- What held up: for a view that opens a block first, each way the request
 # can end leaves the connection as a fresh one, and nothing of the view half-committed.
 
 
@@ -112,9 +104,11 @@ def assert_fresh() -> None:
     assert again.status_code == 201, again.content[:300]
 
 
-def test_the_two_step_completion_after_the_carried_begin(monkeypatch: pytest.MonkeyPatch):
+def test_the_two_step_completion_of_a_view_that_opens_a_block_first(
+    monkeypatch: pytest.MonkeyPatch,
+):
     """The server's default isolation is stricter (store._strict_databases): no COMMIT
-    with the completion; psycopg's commit() must still end the explicit transaction."""
+    with the completion; the COMMIT goes on its own at the block's exit."""
     monkeypatch.setattr(store, "_strict_databases", {"default"})
     assert post("/review2/block-then", str(uuid.uuid4())).status_code == 201
     assert committed() == ["first", "last"]
@@ -125,13 +119,13 @@ def test_the_two_step_completion_after_the_carried_begin(monkeypatch: pytest.Mon
 
 
 @pytest.mark.parametrize(("data", "status"), [({"mode": "raise"}, 500), ({"status": 503}, 503)])
-def test_a_failure_after_the_carried_begin_leaves_a_fresh_connection(data, status):
+def test_a_failure_after_a_view_that_opens_a_block_first_leaves_a_fresh_connection(data, status):
     assert post("/review2/block-then", str(uuid.uuid4()), data).status_code == status
     assert committed() == [] and not IdempotencyRecord.objects.exists()
     assert_fresh()
 
 
-def test_a_takeover_after_the_carried_begin_commits_nothing():
+def test_a_takeover_after_a_view_that_opens_a_block_first_commits_nothing():
     def fence(request: object) -> None:
         with admin_connection() as admin:
             admin.execute(
@@ -146,7 +140,7 @@ def test_a_takeover_after_the_carried_begin_commits_nothing():
     assert_fresh()
 
 
-def test_a_connection_killed_after_the_carried_begin():
+def test_a_connection_killed_after_a_view_that_opens_a_block_first():
     HOOKS["during_view"] = lambda request: terminate(connection.connection.info.backend_pid)
     assert post("/review2/block-then", str(uuid.uuid4())).status_code in (500, 503)
     HOOKS.clear()

@@ -83,19 +83,17 @@ def test_releases_go_out_before_the_next_statement_and_the_last_ones_never(sent,
     response = post(key, sent, commands)
     assert response.status_code == 201, response.content
     assert set(response.json()) == {"last"}
-    first = next(i for i, sql in enumerate(sent) if "SAVEPOINT" in sql)
+    first = next(i for i, sql in enumerate(sent) if sql.startswith("SAVEPOINT"))
     order = kinds(sent[first:])
-    assert commands == []  # psycopg sent neither a BEGIN nor a COMMIT of its own
-    # first block: BEGIN and its SAVEPOINT in one query (psycopg sent no BEGIN of its
-    # own), INSERT, its release held until the next statement; failing block:
-    # SAVEPOINT, INSERT, INSERT (refused), ROLLBACK TO and RELEASE at once (Django's own
-    # handling); the write between; the last two blocks: their releases are held and
-    # dropped, the COMMIT that follows releases them.
-    assert sent[first].startswith('BEGIN; SAVEPOINT "')
-    assert order[:5] == ["BEGIN", "SAVEPOINT", "INSERT", "RELEASE", "SAVEPOINT"]
-    assert order[5:9] == ["INSERT", "INSERT", "ROLLBACK TO", "RELEASE"]
-    assert order[9:12] == ["INSERT", "SAVEPOINT", "SAVEPOINT"]
-    assert order[12:] == ["INSERT", "SELECT", "COMMIT"]  # the completion carries COMMIT
+    assert commands == [b"BEGIN"]  # psycopg's; no COMMIT of its own: the completion's
+    # first block: SAVEPOINT, INSERT, its release held until the next statement;
+    # failing block: SAVEPOINT, INSERT, INSERT (refused), ROLLBACK TO and RELEASE at
+    # once (Django's own handling); the write between; the last two blocks: their
+    # releases are held and dropped, the COMMIT that follows releases them.
+    assert order[:4] == ["SAVEPOINT", "INSERT", "RELEASE", "SAVEPOINT"]
+    assert order[4:8] == ["INSERT", "INSERT", "ROLLBACK TO", "RELEASE"]
+    assert order[8:11] == ["INSERT", "SAVEPOINT", "SAVEPOINT"]
+    assert order[11:] == ["INSERT", "SELECT", "COMMIT"]  # the completion carries COMMIT
     assert sorted(Widget.objects.values_list("name", flat=True)) == NAMES  # and only
     assert IdempotencyRecord.objects.get().state == "completed"
     replay = post(key)  # another user's token: another principal, so it runs again
@@ -164,8 +162,8 @@ def test_other_databases_hold_nothing(settings):
 
 @pytest.mark.postgres
 def test_the_connection_is_left_as_django_expects(sent):
-    """After the request psycopg is in autocommit again and no transaction is open, so
-    a write outside any block commits at once, as Django promises."""
+    """After the request no transaction is open and both Django and psycopg are in
+    autocommit, so a write outside any block commits at once, as Django promises."""
     assert post(str(uuid.uuid4())).status_code == 201
     raw = connection.connection
     assert raw.autocommit is True and connection.get_autocommit()
@@ -177,59 +175,3 @@ def test_the_connection_is_left_as_django_expects(sent):
     ) as other:
         seen = other.execute("SELECT count(*) FROM testapp_widget WHERE name = 'autocommitted'")
         assert seen.fetchone() == (1,)
-
-
-@pytest.mark.postgres
-def test_only_a_savepoint_that_is_the_transactions_first_statement_carries_the_begin(
-    sent,
-):
-    from django.db import transaction
-
-    from django_idempotency import transactions
-
-    with transactions.atomic("default"):
-        wrapper = savepoints.ViewSavepoints(connection, begin=True)
-        with connection.execute_wrapper(wrapper):
-            Widget.objects.create(name="before-the-block")  # psycopg's BEGIN, then this
-            with transaction.atomic():
-                Widget.objects.create(name="in-the-block")
-        transaction.set_rollback(True)
-    assert not any(sql.startswith("BEGIN") for sql in sent)
-    assert any(sql.startswith("SAVEPOINT") for sql in sent)
-
-
-@pytest.mark.postgres
-def test_no_begin_is_carried_with_other_transaction_characteristics(monkeypatch):
-    from django.db import transaction
-
-    connection.ensure_connection()
-    raw = connection.connection
-
-    with transaction.atomic():
-        assert savepoints._plain_begin(connection.connection)
-        for name, value in (("isolation_level", 3), ("read_only", True), ("deferrable", True)):
-            monkeypatch.setattr(type(raw), name, value, raising=False)
-            assert not savepoints._plain_begin(connection.connection)
-            monkeypatch.undo()
-    assert not savepoints._plain_begin(connection.connection)  # autocommit: no block
-
-
-@pytest.mark.postgres
-def test_a_transaction_opened_past_the_wrappers_keeps_its_own_begin(sent):
-    """A statement that bypasses Django's execute wrappers (the raw driver connection)
-    opened the transaction before the view's first block: that block's SAVEPOINT goes
-    alone, and psycopg is left as it was."""
-    from django.db import transaction
-
-    from django_idempotency import transactions
-
-    with transactions.atomic("default"):
-        wrapper = savepoints.ViewSavepoints(connection, begin=True)
-        with connection.execute_wrapper(wrapper):
-            connection.ensure_connection()
-            connection.connection.execute("SELECT 1")  # psycopg opens the transaction
-            with transaction.atomic():
-                Widget.objects.create(name="in-the-block")
-            assert connection.connection.autocommit is False
-        transaction.set_rollback(True)
-    assert next(sql for sql in sent if "SAVEPOINT" in sql).startswith("SAVEPOINT")

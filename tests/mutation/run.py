@@ -487,8 +487,8 @@ MUTANTS: list[Mutant] = [
     m(
         "X1",
         "savepoints.py",
-        "        self.flush()\n        if plain and self.begin and sql.startswith(_SAVEPOINT):\n",
-        "        if plain and self.begin and sql.startswith(_SAVEPOINT):\n",
+        "        self.flush()\n        return execute(sql, params, many, context)\n",
+        "        return execute(sql, params, many, context)\n",
         tests=("tests/test_savepoints.py",),
         backends=(PG,),
         what="a held RELEASE SAVEPOINT not sent before the next statement",
@@ -526,11 +526,11 @@ MUTANTS: list[Mutant] = [
     m(
         "X5",
         "savepoints.py",
-        "            if self._status() == _IDLE and _plain_begin(raw):\n",
-        "            if _plain_begin(raw):\n",
-        tests=("tests/test_savepoints.py",),
+        "        if self._status() == _INERROR:\n            self.held = []\n            return\n",
+        "",
+        tests=("tests/test_review2_s19.py",),
         backends=(PG,),
-        what="the first savepoint carries a BEGIN although the transaction was open already",
+        what="held releases sent into a transaction a statement past the wrappers aborted",
     ),
     m(
         "S14s",
