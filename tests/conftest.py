@@ -152,3 +152,22 @@ def _clear_hooks() -> Iterator[None]:
 @pytest.fixture
 def on_postgres() -> bool:
     return connection.vendor == "postgresql"
+
+
+@pytest.fixture
+def commands(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """The transaction commands psycopg sends by itself (its own ``BEGIN``, ``COMMIT``).
+
+    Statements sent through a cursor (Django's, or the app's own) are not in it.
+    """
+    from psycopg import _connection_base
+
+    seen: list[bytes] = []
+    real = _connection_base.BaseConnection._exec_command
+
+    def spy(self: Any, command: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(bytes(command) if isinstance(command, bytes) else str(command).encode())
+        return real(self, command, *args, **kwargs)
+
+    monkeypatch.setattr(_connection_base.BaseConnection, "_exec_command", spy)
+    return seen

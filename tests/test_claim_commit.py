@@ -24,7 +24,6 @@ from typing import Any
 import psycopg
 import pytest
 from django.db import connection, transaction
-from psycopg import _connection_base
 
 from django_idempotency import _pg_partitioned, store, transactions
 from django_idempotency.models import IdempotencyRecord
@@ -123,20 +122,6 @@ def test_the_pruned_completion_plans_one_partition(record_table):
 
 
 # --- The COMMIT sent with the completion ---------------------------------------------
-
-
-@pytest.fixture
-def commands(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
-    """The transaction commands psycopg itself sends (``BEGIN``, ``COMMIT``, ...)."""
-    sent: list[bytes] = []
-    real = _connection_base.BaseConnection._exec_command
-
-    def spy(self: Any, command: Any, *args: Any, **kwargs: Any) -> Any:
-        sent.append(bytes(command) if isinstance(command, bytes) else str(command).encode())
-        return real(self, command, *args, **kwargs)
-
-    monkeypatch.setattr(_connection_base.BaseConnection, "_exec_command", spy)
-    return sent
 
 
 @pytest.fixture

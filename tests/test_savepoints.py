@@ -38,22 +38,6 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return seen
 
 
-@pytest.fixture
-def commands(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
-    """The transaction commands psycopg sends by itself (its own BEGIN, COMMIT)."""
-    from psycopg import _connection_base
-
-    seen: list[bytes] = []
-    real = _connection_base.BaseConnection._exec_command
-
-    def spy(self: Any, command: Any, *args: Any, **kwargs: Any) -> Any:
-        seen.append(bytes(command) if isinstance(command, bytes) else str(command).encode())
-        return real(self, command, *args, **kwargs)
-
-    monkeypatch.setattr(_connection_base.BaseConnection, "_exec_command", spy)
-    return seen
-
-
 def post(key: str | None, *spies: list[Any]) -> Any:
     """POST /tx/nested-blocks as a new user; ``spies`` are emptied just before."""
     token = TokenFactory(user__username=f"sp-{uuid.uuid4().hex[:8]}")
