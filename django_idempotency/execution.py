@@ -171,6 +171,13 @@ def _execute_atomic(
                 doomed = "" if release else transactions.doomed(claim.using)
                 if not (release or doomed):  # a streaming body is consumed here, guarded
                     stored = snapshot(response, options.get_replay_headers())
+                    if getattr(response, "streaming", False):
+                        # Its generator ran just now, inside the transaction: a statement
+                        # it caught without a savepoint dooms that transaction as the
+                        # view's own statements would.
+                        doomed = transactions.doomed(claim.using)
+                        if doomed:
+                            response = rebuild_consumed(response, stored)
             guard.check()  # a refused write the view caught still fails the request
             if release:
                 raise _Release(response)

@@ -134,6 +134,30 @@ def test_an_error_caught_without_a_savepoint_is_the_views_outcome(
         assert Widget.objects.count() == 1 and sent["released"] == []
 
 
+@pytest.mark.postgres
+def test_a_streaming_body_that_dooms_the_transaction_is_the_views_outcome(sent):
+    """The body is consumed inside the app's transaction: a statement its generator
+    caught without a savepoint aborts that transaction there, after the view returned.
+    As for a response the view returns with its transaction doomed, the client gets the
+    view's response (the body as streamed), unstored, and the key is released; not a
+    503."""
+    client = Client()
+    client.force_login(UserFactory(username="streamer"))
+    key = str(uuid.uuid4())
+    first = client.post("/tx/streaming-dooms", HTTP_IDEMPOTENCY_KEY=key)
+    assert first.status_code == 200
+    assert b"".join(first.streaming_content if first.streaming else [first.content]) == (
+        b"part1,lookup failed"
+    )
+    assert "Idempotent-Replayed" not in first
+    assert sent["store_failed"] == []
+    assert [s["status"] for s in sent["released"]] == [200]
+    assert Widget.objects.count() == 0 and IdempotencyRecord.objects.count() == 0
+    again = client.post("/tx/streaming-dooms", HTTP_IDEMPOTENCY_KEY=key)  # runs again
+    assert again.status_code == 200 and "Idempotent-Replayed" not in again
+    assert len(sent["released"]) == 2
+
+
 def test_a_phase_the_view_rolls_back_commits_nothing_and_stays_pending(token, ran, sent):
     key = str(uuid.uuid4())
     first = post(token, "/tx/phase-rolls-back", key)

@@ -533,6 +533,18 @@ MUTANTS: list[Mutant] = [
         what="held releases sent into a transaction a statement past the wrappers aborted",
     ),
     m(
+        "E6",
+        "execution.py",
+        "                        doomed = transactions.doomed(claim.using)\n"
+        "                        if doomed:\n",
+        "                        if doomed:\n",
+        tests=(
+            f"{VIEW_TX}::test_a_streaming_body_that_dooms_the_transaction_is_the_views_outcome",
+        ),
+        backends=(PG,),
+        what="a streaming body that dooms the transaction answered 503, not the view's response",
+    ),
+    m(
         "S14s",
         "store.py",
         '            expires_at=Greatest(F("expires_at"), _now_value(claim.using, claim.lease)),\n',

@@ -39,6 +39,7 @@ urlpatterns = [
     path("tx/atomic-above-plain", views.atomic_above_plain),
     path("tx/atomic-below", views.atomic_below),
     path("tx/nested-blocks", views.nested_blocks),
+    path("tx/streaming-dooms", views.streaming_dooms),
     path("review/inner", views.review_inner_two_blocks),
     path("review/outer", views.review_outer_calls_inner),
     path("review2/lock-iterate", views.review2_lock_iterate),

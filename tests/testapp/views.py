@@ -165,6 +165,28 @@ def streaming_view(request: HttpRequest) -> StreamingHttpResponse:
     return StreamingHttpResponse(iter([b"part1,", b"part2"]), content_type="text/plain")
 
 
+@csrf_exempt
+@idempotent
+def streaming_dooms(request: HttpRequest) -> StreamingHttpResponse:
+    """Streams a body whose generator catches a failing statement without a savepoint:
+    on PostgreSQL that aborts the transaction while the app consumes the body."""
+    from django.db import DatabaseError, connection
+
+    Widget.objects.create(name="stream-doomed")
+
+    def body():
+        yield b"part1,"
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT no_such_column FROM testapp_widget")
+        except DatabaseError:
+            yield b"lookup failed"
+            return
+        yield b"part2"
+
+    return StreamingHttpResponse(body(), status=200, content_type="text/plain")
+
+
 @idempotent  # no csrf_exempt: on Django 4.2 it wraps async views in a sync function
 async def async_view(request: HttpRequest) -> HttpResponse:
     widget = await Widget.objects.acreate(name="async")
