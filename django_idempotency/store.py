@@ -315,15 +315,14 @@ def _insert(
                 cursor.execute(sql, params)
                 row = cursor.fetchone()
         except IntegrityError as exc:
-            if getattr(exc.__cause__, "sqlstate", None) == _NO_PARTITION:
+            if _sqlstate(exc) == _NO_PARTITION:
                 # Today's partition was attached by a concurrent claim after this
                 # statement planned its insert: the next round sees it.
                 return None, None
             raise
         except DatabaseError as exc:
             if (
-                getattr(exc.__cause__, "sqlstate", None)
-                in (_NOT_READ_COMMITTED, _SERIALIZATION_FAILURE)
+                _sqlstate(exc) in (_NOT_READ_COMMITTED, _SERIALIZATION_FAILURE)
                 and not connection.in_atomic_block
                 and connection.alias not in _strict_databases
             ):

@@ -21,7 +21,6 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import psycopg
 import pytest
 from django.db import connection, transaction
 
@@ -29,6 +28,7 @@ from django_idempotency import _pg_partitioned, store, transactions
 from django_idempotency.models import IdempotencyRecord
 from tests.concurrency import token_client
 from tests.factories import TokenFactory
+from tests.faults import admin_connection
 from tests.testapp.models import Widget
 
 pytestmark = pytest.mark.postgres
@@ -139,14 +139,7 @@ def statements() -> Iterator[list[str]]:
 
 def committed_elsewhere(sql: str, *params: Any) -> Any:
     """A value read by a connection of its own: only what committed."""
-    settings = connection.settings_dict
-    with psycopg.connect(
-        dbname=settings["NAME"],
-        user=settings["USER"],
-        host=settings["HOST"],
-        port=settings["PORT"] or 5432,
-        autocommit=True,
-    ) as other:
+    with admin_connection() as other:
         row = other.execute(sql, params).fetchone()
         return row[0] if row else None
 

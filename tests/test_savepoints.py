@@ -17,6 +17,7 @@ from django_idempotency import savepoints
 from django_idempotency.models import IdempotencyRecord
 from tests.concurrency import token_client
 from tests.factories import TokenFactory
+from tests.faults import admin_connection
 from tests.testapp.models import Widget
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -153,9 +154,6 @@ def test_the_connection_is_left_as_django_expects(sent):
     assert raw.autocommit is True and connection.get_autocommit()
     assert int(raw.info.transaction_status) == 0  # idle: nothing left open
     Widget.objects.create(name="autocommitted")
-    settings = connection.settings_dict
-    with psycopg.connect(
-        dbname=settings["NAME"], user=settings["USER"], host=settings["HOST"], autocommit=True
-    ) as other:
+    with admin_connection() as other:
         seen = other.execute("SELECT count(*) FROM testapp_widget WHERE name = 'autocommitted'")
         assert seen.fetchone() == (1,)
