@@ -141,7 +141,7 @@ def load(
 ) -> Cell:
     """Send ``requests`` requests from ``clients`` threads; measure throughput and latency.
 
-    ``mode``: ``keyed`` (a new key each time), ``replay`` (one completed key per client
+    ``mode``: ``keyed`` or ``floor`` (a new key each time), ``replay`` (one completed key per client
     thread, from ``replay_keys``), anything else unkeyed. Every answer must be a 201,
     replayed exactly in ``replay`` mode; others count as errors.
     """
@@ -157,7 +157,7 @@ def load(
             barrier.wait()
             for _ in range(per_thread[index]):
                 extra = {}
-                if mode == "keyed":
+                if mode in ("keyed", "floor"):
                     extra["Idempotency-Key"] = str(uuid.uuid4())
                 elif mode == "replay":
                     extra["Idempotency-Key"] = replay_keys[index]

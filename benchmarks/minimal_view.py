@@ -9,11 +9,14 @@ within each round (the order alternating between rounds), at 1 and 8 client thre
 
 * ``unkeyed``: no key; the same view runs unprotected (the baseline);
 * ``keyed``: a new UUID key on every request, so every request is a first execution;
-* ``replay``: a completed key again: the stored response, the view does not run.
+* ``replay``: a completed key again: the stored response, the view does not run;
+* ``floor``: a new key on every request to the same view with a hand-written claim and
+  completion and none of django_idempotency (``ItemCreateFloor``): the least a first
+  execution can cost when its claim commits before the view, the yardstick of ``keyed``.
 
 It prints requests/s (median of the rounds, and their range), p50 / p99 latency, the
 CPU each request cost the gunicorn workers, PostgreSQL and the client (Linux ``/proc``),
-and the ratios keyed / unkeyed and replay / keyed. Usage::
+and the ratios keyed / unkeyed, replay / keyed, floor / unkeyed and keyed / floor. Usage::
 
     python benchmarks/minimal_view.py                  # 3 rounds of 600 requests per cell
     python benchmarks/minimal_view.py --rounds 5 --json /tmp/minimal.json
@@ -39,8 +42,9 @@ from http_bench import Cell, cpu_sample, load, prepare_replays  # noqa: E402
 
 from storm.server import Gunicorn, SetupError, ThrowawayDatabase  # noqa: E402
 
-MODES = ("unkeyed", "keyed", "replay")
+MODES = ("unkeyed", "keyed", "replay", "floor")
 PATH = "/items"
+PATHS = {"floor": "/items-floor"}
 BODY = {"name": "widget", "size": 3}
 
 
@@ -105,20 +109,24 @@ def run(url: str, args: argparse.Namespace) -> list[dict[str, object]]:
     token = prepare(env)
     server = MinimalServer(env, workers=args.workers, threads=args.threads)
     results: list[dict[str, object]] = []
-    request = {"path": PATH, "data": BODY, "token": token}
+    request = {"data": BODY, "token": token}
     try:
         server.start(token)
         print(f"  gunicorn gthread {args.workers} x {args.threads} on {server.url}")
         for clients in args.clients:
-            replay_keys = prepare_replays(server.url, clients, **request)  # type: ignore[arg-type]
+            replay_keys = prepare_replays(server.url, clients, path=PATH, **request)  # type: ignore[arg-type]
             for mode in MODES:  # warm every worker thread's connection and caches
-                load(server.url, mode, clients, args.warmup, replay_keys, **request)  # type: ignore[arg-type]
+                path = PATHS.get(mode, PATH)
+                load(server.url, mode, clients, args.warmup, replay_keys, path=path, **request)  # type: ignore[arg-type]
             rounds: dict[str, list[Cell]] = {mode: [] for mode in MODES}
             for number in range(args.rounds):
                 order = MODES if number % 2 == 0 else tuple(reversed(MODES))
                 for mode in order:
                     before = cpu_sample([server])
-                    cell = load(server.url, mode, clients, args.requests, replay_keys, **request)  # type: ignore[arg-type]
+                    path = PATHS.get(mode, PATH)
+                    cell = load(
+                        server.url, mode, clients, args.requests, replay_keys, path=path, **request
+                    )  # type: ignore[arg-type]
                     after = cpu_sample([server])
                     per = {k: (after[k] - before[k]) * 1000 / cell.requests for k in before}
                     cell.cpu_server_ms, cell.cpu_db_ms = per["server"], per["db"]
@@ -160,7 +168,12 @@ def markdown(rows: list[dict[str, object]]) -> str:
         "| CPU ms/request: server | database | client |",
         "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    labels = {"unkeyed": "unkeyed", "keyed": "keyed, first execution", "replay": "replay"}
+    labels = {
+        "unkeyed": "unkeyed",
+        "keyed": "keyed, first execution",
+        "replay": "replay",
+        "floor": "floor (hand-written claim)",
+    }
     for r in rows:
         lines.append(
             f"| {r['clients']} | {labels[str(r['mode'])]} | {r['rps']:.0f} "
@@ -169,13 +182,19 @@ def markdown(rows: list[dict[str, object]]) -> str:
         )
     lines += [
         "",
-        "| clients | keyed / unkeyed (target >= 0.85) | replay / keyed (target >= 1.5) |",
-        "| ---: | ---: | ---: |",
+        "| clients | keyed / unkeyed (target >= 0.85) | replay / keyed (target >= 1.5) "
+        "| floor / unkeyed | keyed / floor |",
+        "| ---: | ---: | ---: | ---: | ---: |",
     ]
     by = {(r["clients"], r["mode"]): float(r["rps"]) for r in rows}  # type: ignore[arg-type]
     for clients in dict.fromkeys(r["clients"] for r in rows):
-        keyed, unkeyed, replay = (by[(clients, m)] for m in ("keyed", "unkeyed", "replay"))
-        lines.append(f"| {clients} | {keyed / unkeyed:.2f} | {replay / keyed:.2f} |")
+        keyed, unkeyed, replay, floor = (
+            by[(clients, m)] for m in ("keyed", "unkeyed", "replay", "floor")
+        )
+        lines.append(
+            f"| {clients} | {keyed / unkeyed:.2f} | {replay / keyed:.2f} "
+            f"| {floor / unkeyed:.2f} | {keyed / floor:.2f} |"
+        )
     return "\n".join(lines)
 
 

@@ -2,6 +2,9 @@ from __future__ import annotations
 
 from django.urls import path
 
-from .views import ItemCreate
+from .views import ItemCreate, ItemCreateFloor
 
-urlpatterns = [path("items", ItemCreate.as_view())]
+urlpatterns = [
+    path("items", ItemCreate.as_view()),
+    path("items-floor", ItemCreateFloor.as_view()),
+]

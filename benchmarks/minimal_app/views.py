@@ -1,18 +1,26 @@
-"""``POST /items``: validate, one INSERT in ``transaction.atomic()``, 201 with Location."""
+"""``POST /items``: validate, one INSERT in ``transaction.atomic()``, 201 with Location.
+
+``POST /items-floor`` is the same view with the least any implementation of the
+protocol must add, and none of django_idempotency: a claim committed before the view
+runs (its own round trip, so that a concurrent duplicate sees it) and the response
+stored in the view's transaction (one more statement). It answers no replay and no
+409 body: it is a yardstick for the ``floor`` mode of ``benchmarks/minimal_view.py``.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from rest_framework import serializers
+from rest_framework.renderers import JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from django_idempotency.drf import IdempotentMixin
 
-from .models import Item
+from .models import FloorRecord, Item
 
 
 class ItemSerializer(serializers.ModelSerializer[Item]):
@@ -33,3 +41,37 @@ class ItemCreate(IdempotentMixin, APIView):
 
     def get(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         return Response({"ready": True})
+
+
+#: The floor's claim: one statement in autocommit, its COMMIT not waiting for the WAL
+#: flush (as django_idempotency's claim does); no row when the key is taken.
+FLOOR_CLAIM_SQL = f"""
+WITH async AS (SELECT set_config('synchronous_commit', 'off', true))
+INSERT INTO {FloorRecord._meta.db_table} (principal, key)
+SELECT %s, %s FROM async
+ON CONFLICT (principal, key) DO NOTHING
+RETURNING id
+"""
+FLOOR_COMPLETE_SQL = (
+    f"UPDATE {FloorRecord._meta.db_table} SET response_status = %s, response_body = %s "
+    "WHERE id = %s"
+)
+
+
+class ItemCreateFloor(APIView):
+    """The view of ``ItemCreate`` with a hand-written claim and completion (see above)."""
+
+    def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        key = request.headers["Idempotency-Key"]
+        with connection.cursor() as cursor:
+            cursor.execute(FLOOR_CLAIM_SQL, [str(request.user.pk), key])
+            claimed = cursor.fetchone()
+            if claimed is None:
+                return Response(status=409)
+            serializer = ItemSerializer(data=request.data)
+            serializer.is_valid(raise_exception=True)
+            with transaction.atomic():
+                item = serializer.save()
+                body = JSONRenderer().render(serializer.data)
+                cursor.execute(FLOOR_COMPLETE_SQL, [201, body, claimed[0]])
+        return Response(serializer.data, status=201, headers={"Location": f"/items/{item.pk}"})
