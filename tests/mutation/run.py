@@ -487,17 +487,17 @@ MUTANTS: list[Mutant] = [
     m(
         "X1",
         "savepoints.py",
-        "        prefix = [_SAVEPOINT + name for name in placed] + self.held\n",
-        "        prefix = [_SAVEPOINT + name for name in placed]\n",
+        "        self.flush()\n        result = execute(sql, params, many, context)\n",
+        "        result = execute(sql, params, many, context)\n",
         tests=("tests/test_savepoints.py",),
         backends=(PG,),
-        what="held RELEASE SAVEPOINT statements never sent",
+        what="a held RELEASE SAVEPOINT not sent before the next statement",
     ),
     m(
         "X2",
         "savepoints.py",
-        "            if status == _INTRANS:\n                self.held.append(sql)\n",
-        "            if True:\n                self.held.append(sql)\n",
+        "            and self._status() == _INTRANS\n",
+        "",
         tests=("tests/test_savepoints.py",),
         backends=(PG,),
         what="a RELEASE held in an aborted transaction (Django's failure handling skipped)",
@@ -522,12 +522,20 @@ MUTANTS: list[Mutant] = [
         tests=("tests/test_review_s19.py",),
         backends=(PG,),
         what="a second savepoint wrapper for a view inside another's transaction",
+        equivalent=(
+            "the inner view's wrapper is then the innermost and holds its releases; the "
+            "outer one is not and passes them through. Those the inner one drops at its "
+            "completion leave savepoints that the release of its own block's savepoint "
+            "releases. (This guard once mattered: each wrapper held the other's "
+            "releases; each release is now held only by the innermost wrapper, for a "
+            "savepoint it saw placed.)"
+        ),
     ),
     m(
         "X5",
         "savepoints.py",
-        "        if self.held and status == _INERROR:\n            # Sent, they would fail;",
-        "        if False:\n            # Sent, they would fail;",
+        "        if self._status() == _INERROR:\n            self.held = []\n            return\n",
+        "",
         tests=("tests/test_review2_s19.py",),
         backends=(PG,),
         what="held releases sent into a transaction a statement past the wrappers aborted",
@@ -535,82 +543,48 @@ MUTANTS: list[Mutant] = [
     m(
         "X6",
         "savepoints.py",
-        "        for _statement in prefix:  # the view reads its own statement's result\n"
-        "            cursor.nextset()\n",
-        "",
-        tests=("tests/test_savepoints.py",),
+        "            name in self.placed  # a release of one destroyed meanwhile fails at once\n"
+        "            and ",
+        "            ",
+        tests=("tests/test_review3_s20.py",),
         backends=(PG,),
-        what="the view reads the held SAVEPOINT's result instead of its own statement's",
+        what="a release held for a savepoint a rollback destroyed (its error raised late)",
     ),
     m(
         "X7",
         "savepoints.py",
-        "            if status != _IDLE:\n                return False\n"
-        "            # Nothing has run",
-        "            if False:\n                return False\n            # Nothing has run",
+        "            and self.connection.execute_wrappers[-1] is self\n",
+        "",
         tests=("tests/test_savepoints.py",),
         backends=(PG,),
-        what="a SAVEPOINT held after the transaction began (placed late past a COPY)",
+        what="releases held from a wrapper the view installed inside the app's",
     ),
     m(
         "X8",
         "savepoints.py",
-        '                self.held = []\n                self._run("ROLLBACK")\n',
-        "                self.held = []\n",
-        tests=("tests/test_savepoints.py",),
+        "        with self.connection.wrap_database_errors, raw.cursor() as cursor:\n",
+        "        with self.connection.cursor() as cursor:\n",
+        tests=("tests/test_review3_s20.py",),
         backends=(PG,),
-        what="a rollback to a savepoint never placed does not undo a COPY made since",
+        what="held releases sent through Django's wrappers and query log, late",
     ),
     m(
         "X9",
         "savepoints.py",
-        "            self.unsent = placed\n            raise\n",
-        "            raise\n",
+        '            for query in statements if pipelined else ["; ".join(statements)]:\n',
+        '            for query in ["; ".join(statements)]:\n',
         tests=("tests/test_savepoints.py",),
         backends=(PG,),
-        what="savepoints a syntax error kept from being placed counted as placed",
+        what="held releases joined in one query in psycopg's pipeline mode",
     ),
     m(
         "X10",
         "savepoints.py",
-        "            if name in self.unsent and status != _INERROR:\n",
-        "            if name in self.unsent:\n",
+        "            del self.placed[self.placed.index(name) + (verb == _ROLLBACK_TO) :]\n",
+        "            del self.placed[self.placed.index(name) :]\n",
         tests=("tests/test_savepoints.py",),
         backends=(PG,),
-        what="the first block's release swallowed in an aborted transaction (no error raised)",
-    ),
-    m(
-        "X11",
-        "savepoints.py",
-        "        if status == _IDLE:  # otherwise past-wrapper statements ran: they stay unsent\n",
-        "        if True:\n",
-        tests=("tests/test_savepoints.py",),
-        backends=(PG,),
-        what="the first block's savepoint placed after a COPY it should cover",
-    ),
-    m(
-        "X12",
-        "savepoints.py",
-        "            placed, self.unsent = self.unsent, []\n",
-        "            placed = self.unsent\n",
-        tests=("tests/test_savepoints.py",),
-        backends=(PG,),
-        what="a savepoint placed with a statement still held (placed twice)",
-    ),
-    m(
-        "X13",
-        "savepoints.py",
-        "        prefix = [_SAVEPOINT + name for name in placed] + self.held\n"
-        "        if not prefix:\n"
-        "            return execute(sql, params, many, context)\n"
-        "        self.held = []\n",
-        "        prefix = [_SAVEPOINT + name for name in placed] + self.held\n"
-        "        if not prefix:\n"
-        "            return execute(sql, params, many, context)\n"
-        "        self.held, self.unsent = [], []\n",
-        tests=("tests/test_savepoints.py",),
-        backends=(PG,),
-        what="releases sent after a COPY forget the first savepoint, never placed",
+        what="a savepoint counted as gone after a rollback to it (it stands)",
     ),
     m(
         "E6",

@@ -45,4 +45,5 @@ urlpatterns = [
     path("review2/lock-iterate", views.review2_lock_iterate),
     path("review2/copy-caught", views.review2_copy_caught),
     path("review2/block-then", views.review2_block_then),
+    path("review3/scenario", views.review3_scenario),
 ]

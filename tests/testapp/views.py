@@ -549,3 +549,13 @@ def review2_block_then(request):
     with _transaction.atomic():
         Widget.objects.create(name="last")
     return Response({"mode": mode}, status=int(request.data.get("status", 201)))
+
+
+# --- Review 3 s20: any scenario, keyed or not (tests/test_review3_s20.py)
+
+
+@api_view(["POST"])
+@idempotent(required=False)
+def review3_scenario(request):
+    """Runs ``HOOKS["scenario"]()`` and answers 201 with what it returned."""
+    return Response({"result": HOOKS["scenario"]()}, status=201)
