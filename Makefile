@@ -22,7 +22,7 @@ POOLED_TESTS ?= tests/test_pgbouncer.py tests/test_topology.py tests/test_relay_
 	tests/test_wire.py tests/test_outbox.py tests/test_databases.py tests/test_presence.py \
 	tests/test_claim_commit.py tests/test_inbox_calls.py tests/test_relay_marks.py \
 	tests/test_relay_pool.py tests/test_savepoints.py tests/test_view_transactions.py \
-	tests/test_review3_s20.py
+	tests/test_review3_s20.py tests/test_review4_s20.py
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 

@@ -37,6 +37,9 @@ from django.db import connections
 _SAVEPOINT = "SAVEPOINT"
 _RELEASE = "RELEASE SAVEPOINT"
 _ROLLBACK_TO = "ROLLBACK TO SAVEPOINT"
+#: Words of SQL that may release or roll back a savepoint, or end the transaction (in
+#: any case; a false alarm only stops releases being held for the rest of the view).
+_ENDS_SAVEPOINTS = re.compile(r"\b(?:savepoint|release|rollback|commit|abort|end|prepare)\b", re.I)
 _DJANGO_SAVEPOINT = re.compile(
     rf'(?P<verb>{_SAVEPOINT}|{_RELEASE}|{_ROLLBACK_TO}) (?P<name>"s\d+_x\d+")'
 )
@@ -75,6 +78,11 @@ class ViewSavepoints:
             self.held.append(sql)
             return None
         self.flush()
+        if ours is None and (not isinstance(sql, str) or _ENDS_SAVEPOINTS.search(sql)):
+            # SQL of the view's own that may release or roll back savepoints (or end the
+            # transaction): those placed so far are no longer known to stand, and their
+            # releases go out as Django makes them, to fail where they would.
+            self.placed = []
         result = execute(sql, params, many, context)
         if ours is not None:
             self._track(ours["verb"], ours["name"])
@@ -116,7 +124,11 @@ class ViewSavepoints:
         """
         if not self.held:
             return
-        if self._status() == _INERROR:
+        if self._status() != _INTRANS:
+            # Aborted by a statement past the wrappers (or the connection closed, or
+            # the transaction ended past them): sent, they would fail, where the
+            # rollback to an earlier savepoint that must come next removes their
+            # savepoints anyway, and a closed connection fails the next statement.
             self.held = []
             return
         statements, self.held = self.held, []
@@ -150,5 +162,14 @@ def view_savepoints(using: str) -> Iterator[ViewSavepoints | None]:
         yield None
         return
     wrapper = ViewSavepoints(connection)
-    with connection.execute_wrapper(wrapper):
+    # Not ``connection.execute_wrapper()``: its exit removes the last wrapper, which is
+    # the view's own if the view left one installed.
+    connection.execute_wrappers.append(wrapper)
+    try:
         yield wrapper
+    finally:
+        wrapper.drop()
+        for index in range(len(connection.execute_wrappers) - 1, -1, -1):
+            if connection.execute_wrappers[index] is wrapper:
+                del connection.execute_wrappers[index]
+                break

@@ -487,8 +487,8 @@ MUTANTS: list[Mutant] = [
     m(
         "X1",
         "savepoints.py",
-        "        self.flush()\n        result = execute(sql, params, many, context)\n",
-        "        result = execute(sql, params, many, context)\n",
+        "        self.flush()\n        if ours is None",
+        "        if ours is None",
         tests=("tests/test_savepoints.py",),
         backends=(PG,),
         what="a held RELEASE SAVEPOINT not sent before the next statement",
@@ -534,8 +534,8 @@ MUTANTS: list[Mutant] = [
     m(
         "X5",
         "savepoints.py",
-        "        if self._status() == _INERROR:\n            self.held = []\n            return\n",
-        "",
+        "        if self._status() != _INTRANS:\n",
+        "        if self._status() not in (_INTRANS, _INERROR):\n",
         tests=("tests/test_review2_s19.py",),
         backends=(PG,),
         what="held releases sent into a transaction a statement past the wrappers aborted",
@@ -585,6 +585,36 @@ MUTANTS: list[Mutant] = [
         tests=("tests/test_savepoints.py",),
         backends=(PG,),
         what="a savepoint counted as gone after a rollback to it (it stands)",
+    ),
+    m(
+        "X11",
+        "savepoints.py",
+        "        if ours is None and (not isinstance(sql, str) or _ENDS_SAVEPOINTS.search(sql)):\n",
+        "        if False:\n",
+        tests=("tests/test_review4_s20.py",),
+        backends=(PG,),
+        what="releases still held after SQL of the view's own rolled back their savepoints",
+    ),
+    m(
+        "X12",
+        "savepoints.py",
+        "        if self._status() != _INTRANS:\n            # Aborted by a statement past",
+        "        if self._status() == _INERROR:\n            # Aborted by a statement past",
+        tests=("tests/test_review4_s20.py",),
+        backends=(PG,),
+        what="held releases sent on a closed connection (the wrong error raised)",
+    ),
+    m(
+        "X13",
+        "savepoints.py",
+        "        for index in range(len(connection.execute_wrappers) - 1, -1, -1):\n"
+        "            if connection.execute_wrappers[index] is wrapper:\n"
+        "                del connection.execute_wrappers[index]\n"
+        "                break\n",
+        "        connection.execute_wrappers.pop()\n",
+        tests=("tests/test_review4_s20.py",),
+        backends=(PG,),
+        what="the last wrapper removed, the view's own if it left one, not the app's",
     ),
     m(
         "E6",
