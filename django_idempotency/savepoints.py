@@ -10,16 +10,28 @@ is done are dropped, because the transaction ends next (its ``COMMIT`` or ``ROLL
 releases every savepoint). A view whose last block closes right before it returns (the
 common shape) saves that round trip.
 
-A release is held only while the transaction is healthy (PostgreSQL's ``INTRANS``) and
-Django is not logging queries: in an aborted transaction Django's release fails and
-Django handles that failure where it happens; with ``DEBUG``, ``assertNumQueries`` or
-``CaptureQueriesContext`` the log lists exactly the statements sent. When a statement
-that bypasses Django's execute wrappers (psycopg's ``cursor.copy()``, the raw driver
-connection) fails while releases are held, they are dropped instead of sent: the
-aborted transaction can only go on by rolling back to a savepoint opened before them,
-which removes theirs as their release would have, so the view's blocks end as they
-would without the app. Only one wrapper is active per connection: an idempotent view
-called inside another one's transaction leaves its statements to the outer one's.
+What is held, and when:
+
+- only Django's own statement (``RELEASE SAVEPOINT "s<thread>_x<n>"``), never SQL of
+  the view's own, and only for a savepoint the wrapper saw placed and still standing:
+  the release of one a rollback destroyed fails where it is made. SQL of the view's own
+  that may release or roll back savepoints ends that knowledge for those placed before;
+- only while the transaction is healthy (PostgreSQL's ``INTRANS``): in an aborted
+  transaction Django's release fails and Django handles that failure where it happens;
+- only while Django is not logging queries and no wrapper of the view's own sits inside
+  this one: ``DEBUG``, ``assertNumQueries``, ``CaptureQueriesContext`` and the view's
+  wrappers see each statement as Django makes it. Held releases go out through the
+  driver's connection, past the wrappers and the log, which saw them when made (one per
+  query in psycopg's pipeline mode).
+
+When a statement that bypasses Django's execute wrappers (psycopg's ``cursor.copy()``)
+aborted the transaction, or the connection was closed, held releases are dropped
+instead of sent: the aborted transaction can only go on by rolling back to a savepoint
+opened before them, which removes theirs as their release would have, and a closed
+connection fails the next statement as Django makes it fail. Only one wrapper is active
+per connection: an idempotent view called inside another one's transaction leaves its
+statements to the outer one's. Savepoint SQL the view sends through the driver's
+connection itself is not seen (docs/storage.md).
 """
 
 from __future__ import annotations
@@ -38,7 +50,8 @@ _SAVEPOINT = "SAVEPOINT"
 _RELEASE = "RELEASE SAVEPOINT"
 _ROLLBACK_TO = "ROLLBACK TO SAVEPOINT"
 #: Words of SQL that may release or roll back a savepoint, or end the transaction (in
-#: any case; a false alarm only stops releases being held for the rest of the view).
+#: any case; a false alarm only stops the holding of releases of the savepoints placed
+#: before that statement).
 _ENDS_SAVEPOINTS = re.compile(r"\b(?:savepoint|release|rollback|commit|abort|end|prepare)\b", re.I)
 _DJANGO_SAVEPOINT = re.compile(
     rf'(?P<verb>{_SAVEPOINT}|{_RELEASE}|{_ROLLBACK_TO}) (?P<name>"s\d+_x\d+")'
