@@ -35,6 +35,9 @@ from tests.testapp.models import Widget
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 INSERT = "INSERT INTO testapp_widget (name, size) VALUES ('{}', 0)"
+#: ``transaction.savepoint_create`` (Django 6.1+, where ``savepoint()`` is deprecated), or
+#: ``transaction.savepoint`` before.
+new_savepoint = getattr(transaction, "savepoint_create", transaction.savepoint)
 
 
 @pytest.fixture(autouse=True)
@@ -245,7 +248,7 @@ def test_a_block_rolled_back_after_a_copy_keeps_the_snapshot_under_repeatable_re
 
 
 def manual_savepoint_copy_then_logged_rollback() -> Any:
-    sid = transaction.savepoint()
+    sid = new_savepoint()
     copy_widgets("copied")
     with CaptureQueriesContext(connection):
         transaction.savepoint_rollback(sid)
@@ -508,8 +511,8 @@ def test_set_local_statement_timeout_in_the_first_block():
 
 
 def manual_savepoints() -> Any:
-    outer = transaction.savepoint()
-    inner = transaction.savepoint()
+    outer = new_savepoint()
+    inner = new_savepoint()
     Widget.objects.create(name="undone")
     transaction.savepoint_rollback(outer)
     try:

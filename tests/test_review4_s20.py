@@ -26,6 +26,7 @@ from tests.test_review3_s20 import (  # noqa: F401  (the autouse fixtures)
     _no_hooks,
     _parent,
     committed,
+    new_savepoint,
     post_keyed,
     post_unkeyed_in_atomic,
     recording,
@@ -140,7 +141,7 @@ def rolled_back_unseen(rollback: Callable[[str], None]) -> Callable[[], Any]:
 
     def scenario() -> Any:
         Widget.objects.create(name="before")
-        sid = transaction.savepoint()
+        sid = new_savepoint()
         try:
             with transaction.atomic():
                 Widget.objects.create(name="inside")
@@ -412,7 +413,7 @@ def counter_reset_mid_view() -> Any:
     with transaction.atomic():
         Widget.objects.create(name="a")
         transaction.clean_savepoints()
-        sid = transaction.savepoint()
+        sid = new_savepoint()
         with transaction.atomic():
             Widget.objects.create(name="b")
         transaction.savepoint_rollback(sid)
@@ -430,13 +431,13 @@ def test_savepoint_ids_repeated_after_clean_savepoints():
 
 
 def manual_savepoint_left_open() -> Any:
-    sid = transaction.savepoint()
+    sid = new_savepoint()
     Widget.objects.create(name="a")
     transaction.savepoint_commit(sid)
-    sid2 = transaction.savepoint()
+    sid2 = new_savepoint()
     Widget.objects.create(name="lost")
     transaction.savepoint_rollback(sid2)
-    transaction.savepoint()  # left open
+    new_savepoint()  # left open
     Widget.objects.create(name="b")
     return Widget.objects.count()
 
@@ -462,7 +463,7 @@ def test_statements_on_another_alias_between_blocks():
 
 def release_with_empty_params() -> Any:
     with transaction.atomic():
-        sid = transaction.savepoint()
+        sid = new_savepoint()
         Widget.objects.create(name="a")
         with connection.cursor() as cursor:
             cursor.execute(connection.ops.savepoint_commit_sql(sid), ())
