@@ -141,9 +141,9 @@ def load(
 ) -> Cell:
     """Send ``requests`` requests from ``clients`` threads; measure throughput and latency.
 
-    ``mode``: ``keyed`` or ``floor`` (a new key each time), ``replay`` (one completed key per client
-    thread, from ``replay_keys``), anything else unkeyed. Every answer must be a 201,
-    replayed exactly in ``replay`` mode; others count as errors.
+    ``mode``: ``keyed``, ``floor`` or ``sql`` (a new key each time), ``replay`` (one
+    completed key per client thread, from ``replay_keys``), anything else unkeyed. Every
+    answer must be a 201, replayed exactly in ``replay`` mode; others count as errors.
     """
     per_thread = [requests // clients + (i < requests % clients) for i in range(clients)]
     latencies: list[list[float]] = [[] for _ in range(clients)]
@@ -157,7 +157,7 @@ def load(
             barrier.wait()
             for _ in range(per_thread[index]):
                 extra = {}
-                if mode in ("keyed", "floor"):
+                if mode in ("keyed", "floor", "sql"):
                     extra["Idempotency-Key"] = str(uuid.uuid4())
                 elif mode == "replay":
                     extra["Idempotency-Key"] = replay_keys[index]

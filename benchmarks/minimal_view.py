@@ -4,7 +4,7 @@ Not a test: a measurement. The view (benchmarks/minimal_app) is a DRF ``APIView`
 header-token authentication, a serializer and one INSERT in ``transaction.atomic()``,
 answering 201 JSON with ``Location``. It runs on gunicorn (``gthread``, 2 workers x 8
 threads, 127.0.0.1), with persistent connections (``CONN_MAX_AGE=300``, health checks)
-to a throwaway PostgreSQL database, dropped after. Three kinds of request, interleaved
+to a throwaway PostgreSQL database, dropped after. Five kinds of request, interleaved
 within each round (the order alternating between rounds), at 1 and 8 client threads:
 
 * ``unkeyed``: no key; the same view runs unprotected (the baseline);
@@ -12,11 +12,17 @@ within each round (the order alternating between rounds), at 1 and 8 client thre
 * ``replay``: a completed key again: the stored response, the view does not run;
 * ``floor``: a new key on every request to the same view with a hand-written claim and
   completion and none of django_idempotency (``ItemCreateFloor``): the least a first
-  execution can cost when its claim commits before the view, the yardstick of ``keyed``.
+  execution can cost when its claim commits before the view, the yardstick of ``keyed``;
+* ``sql``: a new key on every request to the same view sending django_idempotency's own
+  claim and completion statements with the least Python (``ItemCreateSql``): what the
+  app's SQL costs apart from its Python.
 
 It prints requests/s (median of the rounds, and their range), p50 / p99 latency, the
 CPU each request cost the gunicorn workers, PostgreSQL and the client (Linux ``/proc``),
-and the ratios keyed / unkeyed, replay / keyed, floor / unkeyed and keyed / floor. Usage::
+the ratios of requests/s (keyed / unkeyed, replay / keyed, floor / unkeyed, keyed / floor,
+sql / unkeyed), and the same ratios of CPU per request (all processes: unkeyed's CPU over
+the mode's), which bound the throughput ratio where the machine is CPU bound (8 clients
+on 2 cores) and vary less between runs. Usage::
 
     python benchmarks/minimal_view.py                  # 3 rounds of 600 requests per cell
     python benchmarks/minimal_view.py --rounds 5 --json /tmp/minimal.json
@@ -42,9 +48,9 @@ from http_bench import Cell, cpu_sample, load, prepare_replays  # noqa: E402
 
 from storm.server import Gunicorn, SetupError, ThrowawayDatabase  # noqa: E402
 
-MODES = ("unkeyed", "keyed", "replay", "floor")
+MODES = ("unkeyed", "keyed", "replay", "floor", "sql")
 PATH = "/items"
-PATHS = {"floor": "/items-floor"}
+PATHS = {"floor": "/items-floor", "sql": "/items-sql"}
 BODY = {"name": "widget", "size": 3}
 
 
@@ -173,6 +179,7 @@ def markdown(rows: list[dict[str, object]]) -> str:
         "keyed": "keyed, first execution",
         "replay": "replay",
         "floor": "floor (hand-written claim)",
+        "sql": "the app's SQL, least Python",
     }
     for r in rows:
         lines.append(
@@ -182,19 +189,27 @@ def markdown(rows: list[dict[str, object]]) -> str:
         )
     lines += [
         "",
-        "| clients | keyed / unkeyed (target >= 0.85) | replay / keyed (target >= 1.5) "
-        "| floor / unkeyed | keyed / floor |",
-        "| ---: | ---: | ---: | ---: | ---: |",
+        "| clients | ratio of | keyed / unkeyed (target >= 0.85) | replay / keyed (target >= 1.5) "
+        "| floor / unkeyed | keyed / floor | sql / unkeyed |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: |",
     ]
-    by = {(r["clients"], r["mode"]): float(r["rps"]) for r in rows}  # type: ignore[arg-type]
+    rps = {(r["clients"], r["mode"]): float(r["rps"]) for r in rows}  # type: ignore[arg-type]
+    # CPU per request, every process (server, database, client): its inverse is the
+    # throughput a CPU-bound machine allows.
+    cpu = {
+        (r["clients"], r["mode"]): 1
+        / (float(r["cpu_server_ms"]) + float(r["cpu_db_ms"]) + float(r["cpu_client_ms"]))  # type: ignore[arg-type]
+        for r in rows
+    }
     for clients in dict.fromkeys(r["clients"] for r in rows):
-        keyed, unkeyed, replay, floor = (
-            by[(clients, m)] for m in ("keyed", "unkeyed", "replay", "floor")
-        )
-        lines.append(
-            f"| {clients} | {keyed / unkeyed:.2f} | {replay / keyed:.2f} "
-            f"| {floor / unkeyed:.2f} | {keyed / floor:.2f} |"
-        )
+        for label, by in (("requests/s", rps), ("1 / CPU", cpu)):
+            keyed, unkeyed, replay, floor, sql = (
+                by[(clients, m)] for m in ("keyed", "unkeyed", "replay", "floor", "sql")
+            )
+            lines.append(
+                f"| {clients} | {label} | {keyed / unkeyed:.2f} | {replay / keyed:.2f} "
+                f"| {floor / unkeyed:.2f} | {keyed / floor:.2f} | {sql / unkeyed:.2f} |"
+            )
     return "\n".join(lines)
 
 

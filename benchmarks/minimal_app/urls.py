@@ -2,9 +2,10 @@ from __future__ import annotations
 
 from django.urls import path
 
-from .views import ItemCreate, ItemCreateFloor
+from .views import ItemCreate, ItemCreateFloor, ItemCreateSql
 
 urlpatterns = [
     path("items", ItemCreate.as_view()),
     path("items-floor", ItemCreateFloor.as_view()),
+    path("items-sql", ItemCreateSql.as_view()),
 ]

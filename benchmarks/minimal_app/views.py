@@ -9,6 +9,7 @@ stored in the view's transaction (one more statement). It answers no replay and 
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from django.db import connection, transaction
@@ -18,6 +19,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from django_idempotency._pg import complete_call_sql
+from django_idempotency._pg_partitioned import PG_PARTITIONED_CLAIM_SQL
 from django_idempotency.drf import IdempotentMixin
 
 from .models import FloorRecord, Item
@@ -74,4 +77,60 @@ class ItemCreateFloor(APIView):
                 item = serializer.save()
                 body = JSONRenderer().render(serializer.data)
                 cursor.execute(FLOOR_COMPLETE_SQL, [201, body, claimed[0]])
+        return Response(serializer.data, status=201, headers={"Location": f"/items/{item.pk}"})
+
+
+class ItemCreateSql(APIView):
+    """The view of ``ItemCreate`` with django_idempotency's own SQL and the least Python.
+
+    The claim function and the completion function exactly as the app sends them on the
+    partitioned table with owner presence (the completion carries the ``COMMIT``), but no
+    key check, fingerprint, options, signals, wrappers or response snapshot: it shows
+    what the app's statements cost apart from its Python (the ``sql`` mode).
+    """
+
+    def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        scope = {
+            "principal": str(request.user.pk),
+            "endpoint": "items-sql",
+            "key": request.headers["Idempotency-Key"],
+        }
+        token = uuid.uuid4()
+        with connection.cursor() as cursor:
+            cursor.execute(
+                PG_PARTITIONED_CLAIM_SQL,
+                {
+                    **scope,
+                    "fingerprint": "0" * 64,
+                    "token": token,
+                    "lease": 30.0,
+                    "retention": 86400.0,
+                    "clock_offset": 0.0,
+                    "take": True,
+                    "test": True,
+                    "async_commit": True,
+                },
+            )
+            won, record_id, *_rest, sweep_after = cursor.fetchone()
+            if not won:
+                return Response(status=409)
+            serializer = ItemSerializer(data=request.data)
+            serializer.is_valid(raise_exception=True)
+            with transaction.atomic():
+                item = serializer.save()
+                body = JSONRenderer().render(serializer.data)
+                cursor.execute(
+                    complete_call_sql(unlock=True, commit=True),
+                    {
+                        **scope,
+                        "id": record_id,
+                        "token": token,
+                        "sweep_after": sweep_after,
+                        "status": 201,
+                        "headers": "[]",
+                        "body": body,
+                        "grace": 30.0,
+                        "clock_offset": 0.0,
+                    },
+                )
         return Response(serializer.data, status=201, headers={"Location": f"/items/{item.pk}"})
