@@ -395,11 +395,14 @@ DROP_CLAIM_FUNCTION_V3 = (
     "boolean)"
 )
 
-#: The claim on a partitioned table: one statement, one round trip.
+#: The claim on a partitioned table: one statement, one round trip. The row's partition
+#: key comes back as naive UTC (``AT TIME ZONE 'UTC'``), never as Django reads a
+#: ``timestamptz`` with ``USE_TZ = False`` (local time, ambiguous in the hour repeated
+#: when clocks go back): the completion sends it back as an exact instant.
 PG_PARTITIONED_CLAIM_SQL = """
 SELECT won, id, owner_token, state, fingerprint, recovery_point, lease_remaining,
        expired, response_status, response_headers, response_body, owner_pid, present,
-       by_presence, sweep_after
+       by_presence, sweep_after AT TIME ZONE 'UTC' AS sweep_after
 FROM django_idempotency_claim(
     %(principal)s::varchar, %(endpoint)s::varchar, %(key)s::varchar,
     %(fingerprint)s::varchar, %(token)s::uuid, %(lease)s::float8,

@@ -68,8 +68,9 @@ class Claim:
     database session holds the record's presence lock (PostgreSQL, a direct
     connection); ``by_presence``: ``taken_over`` without waiting for the lease, because
     the earlier owner's session was gone (docs/robustness.md#owner-presence).
-    ``sweep_after``: the record's partition key, when the partitioned claim returned
-    it (the completion then touches one day partition); ``None`` elsewhere.
+    ``sweep_after``: the record's partition key as an aware UTC datetime, whatever
+    ``USE_TZ`` is, when the partitioned claim returned it (the completion then touches
+    one day partition); ``None`` elsewhere.
     """
 
     scope: Scope

@@ -351,7 +351,7 @@ def _insert(
                 lease=lease,
                 present=bool(data["present"]),
                 by_presence=bool(data["by_presence"]),
-                sweep_after=data.get("sweep_after"),
+                sweep_after=_utc(data.get("sweep_after")),
             )
             if won.present:
                 presence.hold(won)
@@ -379,6 +379,11 @@ def _insert(
     except IntegrityError:
         return None, fetch(scope, using=using)
     return Claim(scope, record.pk, token, False, "", using, lease=lease), None
+
+
+def _utc(value: dt.datetime | None) -> dt.datetime | None:
+    """A naive UTC datetime from SQL (``... AT TIME ZONE 'UTC'``) made aware; ``None`` kept."""
+    return None if value is None else clock.utc_from_naive(value)
 
 
 def own_transaction(connection: Any) -> bool:

@@ -617,6 +617,15 @@ MUTANTS: list[Mutant] = [
         what="the last wrapper removed, the view's own if it left one, not the app's",
     ),
     m(
+        "X14",
+        "_pg_partitioned.py",
+        "       by_presence, sweep_after AT TIME ZONE 'UTC' AS sweep_after\n",
+        "       by_presence, sweep_after\n",
+        tests=("tests/test_review5_s21.py",),
+        backends=(PG,),
+        what="the claim's partition key read as Django reads it (naive local, USE_TZ = False)",
+    ),
+    m(
         "E6",
         "execution.py",
         "                        doomed = transactions.doomed(claim.using)\n"
