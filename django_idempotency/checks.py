@@ -80,6 +80,11 @@ def check_settings(
     return errors
 
 
+def _raw(name: str) -> str:
+    """The configured value of ``IDEMPOTENCY[name]`` for a message (its default if unset)."""
+    return repr(conf.get(name))
+
+
 def _check_durations() -> Iterator[CheckMessage]:
     try:
         lease, retention, wait = conf.lease, conf.retention, conf.wait
@@ -87,14 +92,16 @@ def _check_durations() -> Iterator[CheckMessage]:
         lease = retention = wait = -1.0
     if lease <= 0 or retention <= 0 or wait < 0:
         yield Error(
-            "IDEMPOTENCY['LEASE'] and ['RETENTION'] must be positive numbers of seconds "
-            "and ['WAIT'] zero or more.",
+            "IDEMPOTENCY['LEASE'] and IDEMPOTENCY['RETENTION'] must be positive numbers "
+            "of seconds and IDEMPOTENCY['WAIT'] zero or more (they are "
+            f"{_raw('LEASE')}, {_raw('RETENTION')} and {_raw('WAIT')}).",
             hint="Defaults: LEASE 60, RETENTION 86400 (24 h), WAIT 0.",
             id="django_idempotency.E003",
         )
     elif lease >= retention:
         yield Error(
-            "IDEMPOTENCY['LEASE'] must be shorter than ['RETENTION'].",
+            f"IDEMPOTENCY['LEASE'] ({lease:g} s) must be shorter than "
+            f"IDEMPOTENCY['RETENTION'] ({retention:g} s).",
             hint="A record must outlive its lease, or an in-flight request could be "
             "forgotten before it finishes.",
             id="django_idempotency.E003",
@@ -136,12 +143,28 @@ def _silence_hint(check_id: str) -> str:
     return f"If this is deliberate, add {check_id!r} to SILENCED_SYSTEM_CHECKS."
 
 
+def _test_environment() -> bool:
+    """Whether Django's test environment is set up (the test runner, pytest-django).
+
+    ``django.test.utils.setup_test_environment()`` forces ``DEBUG = False`` and installs
+    the in-memory email outbox (``django.core.mail.outbox``), which a deployment never
+    has: the production checks use the outbox to tell a test run from production.
+    """
+    from django.core import mail
+
+    return hasattr(mail, "outbox")
+
+
 @register()
 def check_production_database(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[CheckMessage]:
-    """W003: the records' database is not PostgreSQL while ``DEBUG`` is ``False``."""
-    if settings.DEBUG:
+    """W003: the records' database is not PostgreSQL while ``DEBUG`` is ``False``.
+
+    Silent under Django's test environment, which sets ``DEBUG = False`` itself (a test
+    database on SQLite is no production deployment).
+    """
+    if settings.DEBUG or _test_environment():
         return []
     from django.db import connections
 

@@ -18,6 +18,27 @@ from .conf import conf
 from .decorators import DECORATED
 
 
+def _label(obj: Any) -> str:
+    """The dotted path of a view as its author wrote it.
+
+    DRF's ``@api_view`` turns a function into a class named ``WrappedAPIView``, given the
+    function's module and name: the function's path is what the author knows.
+    """
+    name = obj.__name__ if _wraps_function(obj) else obj.__qualname__
+    return f"{obj.__module__}.{name}"
+
+
+def _wraps_function(obj: Any) -> bool:
+    """Whether ``obj`` is the class DRF's ``@api_view`` made of a function."""
+    return isinstance(obj, type) and obj.__qualname__.endswith("WrappedAPIView")
+
+
+def _seconds(value: float) -> str:
+    """A duration for a message: ``2592000 s (30 days)``, never ``2.592e+06 s``."""
+    text = f"{value:.0f} s" if float(value).is_integer() else f"{value} s"
+    return f"{text} ({value / 86400:g} days)" if value >= 86400 else text
+
+
 def _view_options(callback: Any) -> Iterator[tuple[Any, Any]]:
     """(object, Options or options dict) of every idempotent handler behind a URL."""
     if hasattr(callback, "_idempotency_options"):
@@ -75,14 +96,14 @@ def check_view_retention(
             seen.add((id(obj), seconds))
             warnings.append(
                 Warning(
-                    f"{obj.__module__}.{obj.__name__} declares a retention of "
-                    f"{seconds:g} s, longer than IDEMPOTENCY['MAX_RETENTION'] "
-                    f"({limit:g} s). Its keys are kept for their whole window, but on a "
+                    f"{_label(obj)} declares a retention of "
+                    f"{_seconds(seconds)}, longer than IDEMPOTENCY['MAX_RETENTION'] "
+                    f"({_seconds(limit)}). Its keys are kept for their whole window, but on a "
                     "partitioned PostgreSQL table its claims may have to create their "
                     "day's partition themselves, and wait behind the sweeper.",
                     hint="Raise MAX_RETENTION to the longest retention of any view: the "
                     "sweeper then creates every partition a claim needs ahead of time.",
-                    obj=obj,
+                    obj=_label(obj),
                     id="django_idempotency.W002",
                 )
             )
@@ -129,10 +150,13 @@ def check_atomic_requests(
             decorated.append(view_class.__name__)  # @idempotent below @api_view
         exempt: Container[str] = getattr(callback, "_non_atomic_requests", set())
         if decorated and not all(alias in exempt for alias in atomic_aliases):
+            if _wraps_function(view_class):
+                what = f"The @api_view function {_label(view_class)} is @idempotent"
+            else:
+                what = f"{_label(view_class)} has @idempotent methods ({', '.join(decorated)})"
             warnings.append(
                 Warning(
-                    f"{view_class.__qualname__} has @idempotent methods "
-                    f"({', '.join(decorated)}) but runs inside ATOMIC_REQUESTS, so its "
+                    f"{what} but runs inside ATOMIC_REQUESTS, so its "
                     "claims cannot commit on their own: duplicates will wait for the "
                     "original instead of getting a 409.",
                     hint="For an APIView, add IdempotentMixin to the class (it exempts "
@@ -140,7 +164,7 @@ def check_atomic_requests(
                     "with @method_decorator(transaction.non_atomic_requests, "
                     "name='dispatch'). For an @api_view function, put @idempotent "
                     "above @api_view.",
-                    obj=view_class,
+                    obj=_label(view_class),
                     id="django_idempotency.W001",
                 )
             )

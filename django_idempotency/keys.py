@@ -29,6 +29,32 @@ def _check_chars(value: str) -> None:
             )
 
 
+def _string_fault(value: str) -> str:
+    r"""Why ``value`` (printable ASCII, opening with ``"``) is not one ``sf-string``.
+
+    The rules of RFC 9651 §3.3.3: only ``\"`` and ``\\`` are escapes, and the string
+    ends at its closing quote. ``""`` when none of them is broken (the parser's own
+    reason then stands). The key itself is never echoed.
+    """
+    index = 1
+    while index < len(value):
+        char = value[index]
+        if char == "\\":
+            if index + 1 == len(value):
+                return "it ends inside an escape (a backslash before nothing)"
+            if value[index + 1] not in '"\\':
+                return f'the escape \\{value[index + 1]} is not allowed; only \\" and \\\\ are'
+            index += 2
+            continue
+        if char == '"':
+            rest = value[index + 1 :].lstrip(" ")
+            if rest.startswith(","):
+                return "it holds several values (the header may appear only once)"
+            return "text follows the closing quote" if rest and rest[0] != ";" else ""
+        index += 1
+    return "the closing quote is missing"
+
+
 def parse_key(raw: str | None, *, max_length: int) -> str | None:
     """Return the key carried by a raw header value, or ``None`` when there is none.
 
@@ -50,13 +76,15 @@ def parse_key(raw: str | None, *, max_length: int) -> str | None:
     if not value:
         raise InvalidKey("The Idempotency-Key header is empty; send 1 or more characters.")
     if value.startswith('"'):
+        _check_chars(value)  # a Structured Field String is printable ASCII too
         item = http_sfv.Item()  # type: ignore[attr-defined]  # re-exported, no __all__
         try:
             item.parse(value.encode("ascii"))
-        except (ValueError, UnicodeEncodeError) as exc:
+        except ValueError as exc:
+            reason = _string_fault(value) or str(exc) or "it is not one quoted string"
             raise InvalidKey(
                 "The Idempotency-Key is not a valid Structured Field String "
-                f"(RFC 9651 §3.3.3): {exc}. Send one header with one quoted value, "
+                f"(RFC 9651 §3.3.3): {reason}. Send one header with one quoted value, "
                 'e.g. Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324".'
             ) from None
         if not isinstance(item.value, str):

@@ -272,8 +272,9 @@ def _claim(
             signals.store_failed.send(scope.endpoint, error=exc, **signal_kwargs)
             return _problem(
                 problems.STORE_UNAVAILABLE,
-                "The idempotency store could not be reached, so the request was not "
-                "run. Retry later with the same key.",
+                "The idempotency store failed or was busy (its database unreachable, "
+                "or locked by another request), so the request was not run. Retry "
+                "later with the same key.",
                 retry_after=conf.retry_after,
             )
         if result is None:

@@ -73,9 +73,13 @@ def test_mixin_view_is_exempted(atomic_requests):
 
 def test_w001_for_decorated_class_view_methods(atomic_requests):
     messages = [m for m in checks.run_checks(tags=[checks.Tags.urls]) if m.id.endswith("W001")]
-    flagged = {m.obj.__name__ for m in messages}
+    flagged = {m.obj.rsplit(".", 1)[1] for m in messages}  # dotted paths, as written
     # An APIView with a decorated method, and @idempotent below @api_view: flagged.
     assert {"RebootView", "create_widget", "outcome"} <= flagged
+    assert "tests.testapp.views.create_widget" in {m.obj for m in messages}
+    assert not any("WrappedAPIView" in str(m) for m in messages)
+    (function,) = [m for m in messages if m.obj.endswith(".create_widget")]
+    assert function.msg.startswith("The @api_view function tests.testapp.views.create_widget")
     # @idempotent above @api_view, the mixin, and plain function views: exempt.
     assert not flagged & {"slow", "WidgetViewSet", "plain_view"}
     assert "IdempotentMixin" in messages[0].hint

@@ -41,6 +41,17 @@ def test_e003_durations(values):
         assert ids(check_settings()) == ["django_idempotency.E003"]
 
 
+def test_e003_names_the_values_that_clash():
+    with override_settings(IDEMPOTENCY={"LEASE": 100, "RETENTION": 50}):
+        (message,) = check_settings()
+    assert message.msg == (
+        "IDEMPOTENCY['LEASE'] (100 s) must be shorter than IDEMPOTENCY['RETENTION'] (50 s)."
+    )
+    with override_settings(IDEMPOTENCY={"LEASE": "soon"}):
+        (message,) = check_settings()
+    assert "(they are 'soon', 86400" in message.msg, message.msg
+
+
 @override_settings(IDEMPOTENCY={"REPLAY_HEADERS": ["X-Version", "Set-Cookie", "traceparent"]})
 def test_e004_forbidden_replay_headers():
     (message,) = check_settings()
@@ -73,7 +84,24 @@ from django_idempotency.checks import (  # noqa: E402
 )
 
 
-def test_w003_non_postgresql_database_in_production():
+@pytest.fixture
+def outside_tests(monkeypatch):
+    """As in production: no test environment (its email outbox) set up."""
+    from django.core import mail
+
+    monkeypatch.delattr(mail, "outbox", raising=False)
+
+
+def test_w003_is_silent_under_the_test_runner():
+    """Django's test environment forces DEBUG = False: W003 does not fire there."""
+    from django.core import mail
+
+    assert hasattr(mail, "outbox")  # pytest-django set up the test environment
+    with override_settings(DEBUG=False):
+        assert check_production_database() == []
+
+
+def test_w003_non_postgresql_database_in_production(outside_tests):
     with override_settings(DEBUG=False):
         messages = check_production_database()
     if connection.vendor == "postgresql":

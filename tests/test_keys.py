@@ -35,17 +35,32 @@ def test_absent_header_is_none():
         ('""', "empty"),
         ("x" * 256, "256 characters long; the limit is 255"),
         ("caf\u00e9", "printable ASCII"),
-        ('"caf\u00e9"', "Structured Field"),
+        ('"caf\u00e9"', "printable ASCII; it contains the character 'é'"),
+        ('"a\tb"', r"printable ASCII; it contains the character '\\t'"),
         ("tab\there", "printable ASCII"),
         ("a,b", "more than once"),
-        ('"a", "b"', "Structured Field"),
-        ('"unterminated', "Structured Field"),
+        ('"a", "b"', "Structured Field String .*: it holds several values"),
+        ('"unterminated', "Structured Field String .*: the closing quote is missing"),
+        ('"a\\x"', "Structured Field String .*: the escape \\\\x is not allowed"),
+        ('"a\\', "Structured Field String .*: it ends inside an escape"),
+        ('"a"b', "Structured Field String .*: text follows the closing quote"),
         ("\x00", "printable ASCII"),
     ],
 )
 def test_invalid_keys(raw, message):
     with pytest.raises(InvalidKey, match=message):
         parse_key(raw, max_length=255)
+
+
+@pytest.mark.parametrize("raw", ['"abc', '"a\\x"', '"a\tb"', '"clé"', '"a"b', '"a";=', '"a", "b"'])
+def test_a_bad_quoted_key_says_why_and_never_echoes_the_key(raw):
+    """Every refusal of a quoted key names its reason (never an empty one, never a
+    codec's message) and leaves the key out of the detail."""
+    with pytest.raises(InvalidKey) as caught:
+        parse_key(raw, max_length=255)
+    detail = str(caught.value)
+    assert "): ." not in detail and "codec" not in detail, detail
+    assert "abc" not in detail.replace("e.g.", ""), detail
 
 
 def test_configured_max_length():

@@ -215,5 +215,7 @@ def test_w002_a_view_keeps_keys_longer_than_max_retention():
     messages = check_view_retention()
     assert set(ids(messages)) == {"django_idempotency.W002"}
     text = " ".join(m.msg for m in messages)
-    assert "optional_key" in text and "604800" in text  # @idempotent below @api_view
+    assert "optional_key" in text and "604800 s (7 days)" in text  # below @api_view
+    assert "e+0" not in text and "(3000 s)" in text
+    assert not any("WrappedAPIView" in str(m) for m in messages)
     assert "WidgetViewSet" in text and "3600" in text  # IdempotentMixin per action

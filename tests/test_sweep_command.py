@@ -125,3 +125,12 @@ def test_the_sweeper_works_without_celery():
         [sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("command", ["idempotency_sweep", "idempotency_relay"])
+def test_an_unknown_database_alias_is_a_usage_error(command):
+    """A mistyped ``--database`` is refused by the argument parser with the aliases to
+    choose from, as Django's own commands do, instead of a traceback."""
+    with pytest.raises(CommandError, match=r"invalid choice: 'nope' \(choose from .*default"):
+        call_command(command, "--database", "nope", stdout=StringIO(), stderr=StringIO())
+    assert IdempotencyRecord.objects.count() == 0  # nothing ran

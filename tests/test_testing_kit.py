@@ -179,3 +179,18 @@ def test_a_503_may_be_allowed_on_sqlite() -> None:
     burst = _burst(_answer(201), _problem("store-unavailable", 503))
 
     assert burst.assert_ran_once(allow_unavailable=True).status_code == 201
+
+
+@pytest.mark.parametrize("in_memory", [True, False])
+def test_a_503_on_in_memory_sqlite_names_the_fix(monkeypatch, in_memory) -> None:
+    """SQLite's in-memory test database fails concurrent writers at once: the 503s of a
+    burst there come with the fix (a file name for the test database)."""
+    from django.db import connection
+
+    if connection.vendor == "sqlite":
+        monkeypatch.setattr(connection, "is_in_memory_db", lambda: in_memory)
+    burst = _burst(_answer(201), _problem("store-unavailable", 503))
+    with pytest.raises(AssertionError, match="503 store-unavailable") as caught:
+        burst.assert_ran_once()
+    hinted = "give it a file name" in str(caught.value)
+    assert hinted == (connection.vendor == "sqlite" and in_memory)

@@ -73,6 +73,12 @@ class Duplicates:
         unexpected = [describe(r) for r in self.responses if kind_of(r) not in allowed]
         if unexpected:
             problems.append(f"unexpected answers: {', '.join(unexpected)}")
+            if any(kind_of(r) == "unavailable" for r in self.responses) and _in_memory_sqlite():
+                problems.append(
+                    "the test database is SQLite in memory, where concurrent writers fail "
+                    "at once instead of waiting: give it a file name "
+                    "(DATABASES['default']['TEST'] = {'NAME': ...}, docs/testing.md)"
+                )
         if len(originals) == 1:
             first = originals[0]
             for replay in self.of_kind("replay"):
@@ -82,6 +88,16 @@ class Duplicates:
         if problems:
             raise AssertionError("; ".join(problems) + f" ({self.summary()})")
         return originals[0]
+
+
+def _in_memory_sqlite() -> bool:
+    """Whether the records' database is an in-memory SQLite database (the test default)."""
+    from django.db import connections
+
+    from django_idempotency.store import database_for_write
+
+    connection: Any = connections[database_for_write()]
+    return connection.vendor == "sqlite" and bool(connection.is_in_memory_db())
 
 
 def fire_duplicates(

@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connections
 from django.utils.translation import ngettext
 
 from django_idempotency import relay
@@ -53,6 +54,7 @@ class Command(BaseCommand):
         parser.add_argument(
             "--database",
             default=None,
+            choices=tuple(connections),
             help="Database alias (default: each alias of the IDEMPOTENCY DATABASES "
             "setting, else the router's choice).",
         )
