@@ -19,6 +19,7 @@ from typing import Any
 from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from . import clock
 from ._pg_partitioned import (
     CLAIM_FUNCTION_V1,
     CLAIM_FUNCTION_V2,
@@ -48,6 +49,10 @@ class Partition:
     day: dt.date
     rows: int
     attached: bool = True
+
+
+#: The store's "now" on PostgreSQL: the database's clock plus the test offset (seconds).
+_NOW = "(statement_timestamp() + %s * interval '1 second')"
 
 
 def partition_name(day: dt.date) -> str:
@@ -105,13 +110,22 @@ def ensure(connection: BaseDatabaseWrapper, day: dt.date) -> bool:
     return bool(created)
 
 
-def drop(connection: BaseDatabaseWrapper, partition: Partition, *, lock_timeout: float) -> None:
-    """Detach ``partition`` from the record table and drop it.
+def drop(connection: BaseDatabaseWrapper, partition: Partition, *, lock_timeout: float) -> bool:
+    """Detach ``partition`` from the record table and drop it, unless it came alive.
 
     In autocommit mode (the sweeper's normal case) it is detached ``CONCURRENTLY``,
     which never blocks claims; a detach left pending by an interrupted run is
-    finalised. Inside a transaction it is dropped directly, which needs a brief ACCESS
-    EXCLUSIVE lock on the parent, waited for at most ``lock_timeout`` seconds.
+    finalised. The detach waits for every transaction that was using the partition, so
+    one that made a record in it live again meanwhile (a late completion, a heartbeat,
+    a takeover, begun after the caller's probe) has committed by then: the detached
+    table is probed again, and a partition that holds a live record is attached back
+    and kept. Inside a transaction it is dropped directly, which needs a brief ACCESS
+    EXCLUSIVE lock on the parent, waited for at most ``lock_timeout`` seconds (the
+    caller's locked probe in the same transaction keeps writers out until then).
+
+    Returns:
+        Whether the partition was dropped (``False``: attached back, a record in it is
+        live).
 
     Raises:
         django.db.OperationalError: the lock was not granted in time (retry later).
@@ -120,7 +134,7 @@ def drop(connection: BaseDatabaseWrapper, partition: Partition, *, lock_timeout:
     parent = connection.ops.quote_name(TABLE)
     if connection.in_atomic_block:
         _drop_in_transaction(connection, quoted, lock_timeout)
-        return
+        return True
     # Autocommit: no session setting (a transaction pooler would hand it to another
     # client); the detach is cancelled if it waits longer than lock_timeout, and the
     # drop runs in a transaction of its own with a transaction-local lock_timeout.
@@ -130,8 +144,25 @@ def drop(connection: BaseDatabaseWrapper, partition: Partition, *, lock_timeout:
             mode = "FINALIZE" if pending else "CONCURRENTLY"
             with _cancelled_after(connection, lock_timeout):
                 cursor.execute(f"ALTER TABLE {parent} DETACH PARTITION {quoted} {mode}")
+        cursor.execute(
+            f"SELECT EXISTS (SELECT 1 FROM {quoted} WHERE expires_at > {_NOW})",
+            [clock.offset()],
+        )
+        if cursor.fetchone()[0]:
+            _attach(cursor, parent, quoted, partition.day)
+            return False
     with transaction.atomic(using=connection.alias):
         _drop_in_transaction(connection, quoted, lock_timeout)
+    return True
+
+
+def _attach(cursor: Any, parent: str, quoted: str, day: dt.date) -> None:
+    """Attach a detached day partition back, with the bounds it was created with."""
+    start = dt.datetime.combine(day, dt.time(), tzinfo=dt.UTC)
+    cursor.execute(
+        f"ALTER TABLE {parent} ATTACH PARTITION {quoted} FOR VALUES FROM (%s) TO (%s)",
+        [start, start + dt.timedelta(days=1)],
+    )
 
 
 def _drop_in_transaction(connection: BaseDatabaseWrapper, quoted: str, lock_timeout: float) -> None:
@@ -165,16 +196,40 @@ def _cancelled_after(connection: BaseDatabaseWrapper, seconds: float) -> Iterato
 
 
 def holds_live_records(
-    connection: BaseDatabaseWrapper, partition: Partition, now: dt.datetime
+    connection: BaseDatabaseWrapper,
+    partition: Partition,
+    now: dt.datetime,
+    *,
+    lock_timeout: float | None = None,
 ) -> bool:
     """Whether a record in ``partition`` is inside its window or holds a live lease.
 
     One probe of the partition's ``expires_at`` index: a record's window never ends
     before its lease (every write of the store keeps ``expires_at >= lease_until``, and
     migration 0004 made older rows follow the rule).
+
+    With ``lock_timeout`` (seconds), the probe first takes the partition's ``SHARE``
+    lock, which waits for the transactions writing to it (a late completion, a
+    heartbeat or a takeover of one of its records, not yet committed: the probe would
+    not see what they write) and keeps new ones out until the probe's transaction ends
+    (the caller's, inside one). Claims never write to a past day, and lookups are not
+    blocked.
+
+    Raises:
+        django.db.OperationalError: ``lock_timeout`` passed before the lock was granted
+            (a writer still runs: keep the day for now).
     """
     quoted = connection.ops.quote_name(partition.name)
-    with connection.cursor() as cursor:
+    if lock_timeout is None:
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT EXISTS (SELECT 1 FROM {quoted} WHERE expires_at > %s)", [now])
+            return bool(cursor.fetchone()[0])
+    with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
+        cursor.execute("SELECT current_setting('lock_timeout')")
+        (previous,) = cursor.fetchone()
+        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{lock_timeout}s"])
+        cursor.execute(f"LOCK TABLE {quoted} IN SHARE MODE")
+        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
         cursor.execute(f"SELECT EXISTS (SELECT 1 FROM {quoted} WHERE expires_at > %s)", [now])
         return bool(cursor.fetchone()[0])
 

@@ -9,7 +9,10 @@
   and drops each day partition that ended before today, unless a record in it is still
   inside its window (``expires_at > now``: a takeover, a heartbeat or a late completion
   pushed it) or holds a live lease; such a day is kept (``held``) until the next run.
-  A constant cost whatever the row count: one index probe per old partition.
+  The probe waits for the day's writers first (the partition's ``SHARE`` lock), and
+  the detached table is probed again before it is dropped (a writer begun since may
+  have pushed a window: the day is then attached back and held). A constant cost
+  whatever the row count: one index probe per old partition, two for one dropped.
 * Other databases, or a plain PostgreSQL table: deletes the records whose window and
   lease are both over, in batches of ``SWEEP_BATCH_SIZE`` rows, each its own
   transaction.
@@ -238,18 +241,29 @@ def _sweep_partitions(connection: BaseDatabaseWrapper, report: SweepReport) -> N
     for partition in existing:
         if partition.day >= report.cutoff.date():
             continue
-        if partition.attached and partitions.holds_live_records(connection, partition, report.now):
-            report.held.append(partition.name)
-            continue
-        if not report.dry_run:
-            try:
-                partitions.drop(connection, partition, lock_timeout=LOCK_TIMEOUT)
-            except DatabaseError as exc:
-                if connection.in_atomic_block:
-                    raise
-                report.errors.append(f"{partition.name}: {exc}".strip())
-                logger.warning("idempotency sweep: could not drop %s: %s", partition.name, exc)
+        try:
+            # The probe waits for writers still making a record of the day live (a late
+            # completion, a heartbeat, a takeover); drop() probes again after its
+            # detach, which waits for any writer begun since.
+            if partition.attached and partitions.holds_live_records(
+                connection,
+                partition,
+                report.now,
+                lock_timeout=None if report.dry_run else LOCK_TIMEOUT,
+            ):
+                report.held.append(partition.name)
                 continue
+            if not report.dry_run and not partitions.drop(
+                connection, partition, lock_timeout=LOCK_TIMEOUT
+            ):
+                report.held.append(partition.name)
+                continue
+        except DatabaseError as exc:
+            if connection.in_atomic_block:
+                raise
+            report.errors.append(f"{partition.name}: {exc}".strip())
+            logger.warning("idempotency sweep: could not drop %s: %s", partition.name, exc)
+            continue
         report.dropped.append(partition)
 
 

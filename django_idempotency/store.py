@@ -409,7 +409,7 @@ def _claim_transaction(connection: Any) -> AbstractContextManager[None]:
     if not own_transaction(connection):  # an atomic block, or manual transactions
         block: AbstractContextManager[None] = transaction.atomic(using=connection.alias)
         return block
-    if connection.alias in _strict_databases or stricter_than_read_committed(connection):
+    if stricter_than_read_committed(connection):
         return _read_committed(connection)
     return nullcontext()
 
@@ -429,13 +429,17 @@ def _read_committed(connection: Any) -> Iterator[None]:
 
 
 def stricter_than_read_committed(connection: Any) -> bool:
-    """Whether Django opens transactions on ``connection`` above READ COMMITTED.
+    """Whether transactions on ``connection`` run above READ COMMITTED.
 
     ``True`` for PostgreSQL databases whose ``OPTIONS["isolation_level"]`` is
-    REPEATABLE READ or SERIALIZABLE; ``False`` for every other database.
+    REPEATABLE READ or SERIALIZABLE, and for those whose server default is (``ALTER
+    DATABASE/ROLE ... SET default_transaction_isolation``), once a claim found it out;
+    ``False`` for every other database.
     """
     if connection.vendor != "postgresql":
         return False
+    if connection.alias in _strict_databases:  # the server's default, seen by a claim
+        return True
     level = connection.settings_dict.get("OPTIONS", {}).get("isolation_level")
     if level is None:
         return False
@@ -585,9 +589,7 @@ def commits_with_completion(connection: Any) -> bool:
     per process).
     """
     if connection.vendor != "postgresql" or stricter_than_read_committed(connection):
-        return False
-    if connection.alias in _strict_databases:  # the server's default is stricter
-        return False
+        return False  # Django's level or, as claims found out, the server's default
     if connection.settings_dict.get("OPTIONS", {}).get("server_side_binding") is True:
         return False
     from django.db.backends.postgresql.psycopg_any import is_psycopg3

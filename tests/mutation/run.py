@@ -626,6 +626,34 @@ MUTANTS: list[Mutant] = [
         what="the claim's partition key read as Django reads it (naive local, USE_TZ = False)",
     ),
     m(
+        "X15",
+        "retention.py",
+        "                lock_timeout=None if report.dry_run else LOCK_TIMEOUT,\n",
+        "                lock_timeout=None,\n",
+        tests=("tests/test_review6_s21.py",),
+        backends=(PG,),
+        what="the sweeper's probe of a day does not wait for its writers (SHARE lock)",
+    ),
+    m(
+        "X16",
+        "partitions.py",
+        "        if cursor.fetchone()[0]:\n            _attach(",
+        "        if False:\n            _attach(",
+        tests=("tests/test_review6_s21.py",),
+        backends=(PG,),
+        what="a detached day is dropped without a second probe (a late completion lost)",
+    ),
+    m(
+        "X17",
+        "store.py",
+        "    if connection.alias in _strict_databases:  # the server's default, seen by a claim\n"
+        "        return True\n",
+        "",
+        tests=("tests/test_review6_s21.py",),
+        backends=(PG,),
+        what="heartbeats ignore a server default above READ COMMITTED found by a claim",
+    ),
+    m(
         "E6",
         "execution.py",
         "                        doomed = transactions.doomed(claim.using)\n"

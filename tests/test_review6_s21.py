@@ -1,0 +1,340 @@
+"""A review's tests on PostgreSQL, real threads and sessions: the sweeper against late
+completions, and heartbeats under a server default above READ COMMITTED.
+
+Every test's docstring says what is expected and where the docs promise it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from typing import Any
+
+import pytest
+from django.db import close_old_connections, connection, connections, transaction
+
+from django_idempotency import retention, store, testing
+from django_idempotency.models import IdempotencyRecord, RecordState
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+DAY = 86400.0
+FP = "c" * 64
+
+
+def _scope(key: str | None = None) -> store.Scope:
+    return store.Scope("auth.user:6", "POST /review6", key or str(uuid.uuid4()))
+
+
+def _wait_until(predicate: Any, timeout: float = 20.0) -> bool:
+    """Poll a database condition (not a sleep used as synchronisation)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def _backend_waits_on_lock(pid: int) -> bool:
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pid])
+        row = cursor.fetchone()
+    return row is not None and row[0] == "Lock"
+
+
+# --- 1. the sweeper against a late completion ---------------------------------------
+
+
+def test_a_late_completion_committing_during_a_sweep_is_not_dropped_with_its_day() -> None:
+    """A claim whose window ended on an earlier UTC day (its lease too: the owner ran
+    long, nobody retried) completes *while* the sweeper works on that day: the owner's
+    fenced completion (allowed: nobody took the key over) pushes ``expires_at`` to
+    ``completed_at + lease`` and commits just after the sweeper's probe of the day.
+
+    Expected: the completed record is kept at least one lease after its completion
+    commits, and the sweeper never forgets a record inside its (extended) window.
+    Promised in docs/retention.md ("A late completion stays replayable ... Rule:
+    expires_at = max(expires_at, completed_at + lease)"; "The sweeper never forgets a
+    record inside its window or holding a live lease, on any backend"; "A day partition
+    that still holds a record inside its (extended) window or lease is kept (held)"),
+    and retention.py ("unless a record in it is still inside its window (expires_at >
+    now: a takeover, a heartbeat or a late completion pushed it)").
+
+    It used to be dropped: the probe (``holds_live_records``) read ``expires_at`` before
+    the completion committed, then ``DETACH PARTITION ... CONCURRENTLY`` waited for the
+    owner's transaction and the day went with the completed record in it. The probe now
+    takes the partition's SHARE lock first, which waits for the owner's transaction.
+    """
+    if not retention.is_partitioned(connection):
+        pytest.skip("partitioned table only")
+    key = str(uuid.uuid4())
+    with testing.travel(-2 * DAY):
+        owner = store.claim(_scope(key), FP, lease=30, retention=60)
+    assert isinstance(owner, store.Claim)
+
+    updated = threading.Event()
+    commit = threading.Event()
+    errors: list[BaseException] = []
+    sweep_pid: list[int] = []
+    reports: list[retention.SweepReport] = []
+
+    def late_owner() -> None:
+        try:
+            with transaction.atomic():
+                store.complete(owner, store.StoredResponse(201, [], b'{"id": 1}'))
+                updated.set()
+                assert commit.wait(30)
+        except BaseException as exc:
+            errors.append(exc)
+            updated.set()
+        finally:
+            close_old_connections()
+            connections.close_all()
+
+    def sweeper() -> None:
+        try:
+            connection.ensure_connection()
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_backend_pid()")
+                sweep_pid.append(cursor.fetchone()[0])
+            reports.append(retention.sweep())
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    owner_thread = threading.Thread(target=late_owner)
+    owner_thread.start()
+    assert updated.wait(30) and not errors, errors
+    sweep_thread = threading.Thread(target=sweeper)
+    sweep_thread.start()
+    try:
+        assert _wait_until(lambda: bool(sweep_pid)), "the sweeper never connected"
+        # The sweeper probed the day and now waits for the owner's transaction (or has
+        # already finished: then it held the day, which is fine too).
+        _wait_until(lambda: _backend_waits_on_lock(sweep_pid[0]) or not sweep_thread.is_alive())
+    finally:
+        commit.set()
+        owner_thread.join(30)
+        sweep_thread.join(30)
+    assert not errors, errors
+    record = IdempotencyRecord.objects.filter(pk=owner.record_id).first()
+    assert record is not None, (
+        f"the late completion committed (201 sent) and the sweeper dropped it with its "
+        f"day: report {reports[0].as_dict() if reports else None}"
+    )
+    assert record.state == RecordState.COMPLETED
+    retry = store.claim(_scope(key), FP, lease=30, retention=60)
+    assert isinstance(retry, store.Existing) and retry.completed
+
+
+# --- 2. a server default isolation level and heartbeats -----------------------------
+
+
+@pytest.fixture
+def server_repeatable_read() -> Any:
+    """The server (not Django's OPTIONS) defaults the test database to REPEATABLE READ."""
+    name = connection.settings_dict["NAME"]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"ALTER DATABASE \"{name}\" SET default_transaction_isolation = 'repeatable read'"
+        )
+    connections.close_all()
+    try:
+        yield
+    finally:
+        connections.close_all()
+        with connection.cursor() as cursor:
+            cursor.execute(f'ALTER DATABASE "{name}" RESET default_transaction_isolation')
+        connections.close_all()
+        store._strict_databases.discard("default")
+
+
+@pytest.mark.urls("tests.urls")
+def test_a_heartbeat_on_a_server_defaulting_to_repeatable_read_is_refused_not_fenced(
+    server_repeatable_read: None, api: Any
+) -> None:
+    """The database server defaults to REPEATABLE READ (``ALTER DATABASE ... SET
+    default_transaction_isolation``); Django's OPTIONS say nothing. The first claim
+    detects it (the partitioned claim function refuses to run there, the store then
+    claims in its own READ COMMITTED transaction). The ``/heartbeat`` view writes a
+    row, then calls ``request.idempotency.extend_lease(60)``; nobody else touches the
+    key.
+
+    Expected: what the docs promise "above READ COMMITTED" whether set by Django's
+    ``OPTIONS["isolation_level"]`` "or a server default such as ALTER DATABASE ... SET
+    default_transaction_isolation, detected by the first claim that meets it"
+    (docs/retention.md, "Isolation levels"): "Heartbeats are refused ... it raises
+    store.HeartbeatUnavailable with an explanation" -- exactly what the same view does
+    when the level comes from OPTIONS (tests/test_edges.py,
+    test_a_heartbeat_is_refused_clearly_at_stricter_levels). In no case may a request
+    that nobody took over be answered 409 ``lease-lost`` (docs/retention.md,
+    "Fencing": 409 only for a record "taken over while the view ran").
+
+    It used to be: ``store.extend`` and ``heartbeat.available`` looked only at Django's
+    OPTIONS; the heartbeat committed beside the view's REPEATABLE READ transaction and
+    the completion failed to serialize (409 lease-lost on every attempt).
+    """
+    key = str(uuid.uuid4())
+    warm = api.post("/widgets", {"name": "w"}, format="json", HTTP_IDEMPOTENCY_KEY=key)
+    assert warm.status_code == 201, warm.content
+    assert "default" in store._strict_databases  # the claim saw the server's default
+    key = str(uuid.uuid4())
+    try:
+        response = api.post("/heartbeat", {}, format="json", HTTP_IDEMPOTENCY_KEY=key)
+    except store.HeartbeatUnavailable:
+        return  # refused clearly, as documented
+    assert response.status_code == 201, (
+        f"a request nobody took over answered {response.status_code}: {response.content[:300]!r}"
+    )
+
+
+def test_a_late_completion_behind_a_timed_out_detach_is_not_forgotten(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same late completion (window and lease over on an earlier UTC day, the owner
+    completes, nobody took the key over), but its transaction stays open longer than
+    the sweeper's lock wait: the sweeper's ``DETACH PARTITION ... CONCURRENTLY`` is
+    cancelled after ``retention.LOCK_TIMEOUT`` (made short here) and reported in
+    ``errors``; then the owner commits (the client gets its 201), and the next sweep
+    runs.
+
+    Expected (docs/retention.md): "A drop that times out ... is reported in errors and
+    retried by the next run"; "A late completion stays replayable" (kept at least one
+    lease after its completion commits); "The sweeper never forgets a record inside its
+    window or holding a live lease"; "A day partition that still holds a record inside
+    its (extended) window or lease is kept (held)". So the retry replays, and the next
+    sweep holds the day.
+
+    It used to be forgotten: the cancelled detach left the partition "detach pending",
+    where claims no longer saw the completed record, and the next sweep dropped it
+    without a probe. The probe's lock wait now times out instead, before any detach.
+    """
+    if not retention.is_partitioned(connection):
+        pytest.skip("partitioned table only")
+    monkeypatch.setattr(retention, "LOCK_TIMEOUT", 0.5)
+    key = str(uuid.uuid4())
+    with testing.travel(-2 * DAY):
+        owner = store.claim(_scope(key), FP, lease=30, retention=60)
+    assert isinstance(owner, store.Claim)
+    updated = threading.Event()
+    commit = threading.Event()
+    errors: list[BaseException] = []
+
+    def late_owner() -> None:
+        try:
+            with transaction.atomic():
+                store.complete(owner, store.StoredResponse(201, [], b'{"id": 1}'))
+                updated.set()
+                assert commit.wait(30)
+        except BaseException as exc:
+            errors.append(exc)
+            updated.set()
+        finally:
+            connections.close_all()
+
+    owner_thread = threading.Thread(target=late_owner)
+    owner_thread.start()
+    try:
+        assert updated.wait(30) and not errors, errors
+        first = retention.sweep()  # waits for the owner's transaction, then gives up
+    finally:
+        commit.set()
+        owner_thread.join(30)
+    assert not errors, errors
+    assert IdempotencyRecord.objects.filter(pk=owner.record_id, state="completed").exists() or (
+        first.errors
+    ), first.as_dict()
+    retry = store.claim(_scope(key), FP, lease=30, retention=60)
+    second = retention.sweep()  # also finalises the pending detach, whatever happens
+    kept = IdempotencyRecord.objects.filter(pk=owner.record_id).exists()
+    assert isinstance(retry, store.Existing) and retry.completed, (
+        f"the committed late completion is not replayed (sweep: {first.as_dict()}); the "
+        f"retry got {retry!r}; the next sweep {'kept' if kept else 'dropped'} the record: "
+        f"{second.as_dict()}"
+    )
+    assert kept, second.as_dict()
+
+
+def test_a_late_completion_committed_before_the_sweep_holds_its_day() -> None:
+    """The late completion of the first test, committed before the sweep starts:
+    the probe sees ``expires_at = completed_at + lease`` and keeps the day (``held``),
+    and the retry replays (docs/retention.md, "A late completion stays replayable")."""
+    if not retention.is_partitioned(connection):
+        pytest.skip("partitioned table only")
+    key = str(uuid.uuid4())
+    with testing.travel(-2 * DAY):
+        owner = store.claim(_scope(key), FP, lease=30, retention=60)
+    assert isinstance(owner, store.Claim)
+    with transaction.atomic():
+        store.complete(owner, store.StoredResponse(201, [], b'{"id": 1}'))
+    report = retention.sweep()
+    assert report.held and not report.errors, report.as_dict()
+    retry = store.claim(_scope(key), FP, lease=30, retention=60)
+    assert isinstance(retry, store.Existing) and retry.completed
+
+
+def test_a_writer_begun_after_the_probe_is_waited_for_and_its_day_attached_back() -> None:
+    """``partitions.drop()`` after a probe that found the day dead: a late completion
+    begun since (the probe's lock no longer keeps it out) is waited for by ``DETACH
+    PARTITION ... CONCURRENTLY``; the detached table is then probed again, the live
+    record found, and the partition attached back instead of dropped: ``drop`` returns
+    ``False`` and the retry replays (docs/retention.md, "Dropping a day")."""
+    if not retention.is_partitioned(connection):
+        pytest.skip("partitioned table only")
+    from django_idempotency import partitions
+
+    key = str(uuid.uuid4())
+    with testing.travel(-2 * DAY):
+        owner = store.claim(_scope(key), FP, lease=30, retention=60)
+    assert isinstance(owner, store.Claim) and owner.sweep_after is not None
+    name = partitions.partition_name(owner.sweep_after.date())
+    (partition,) = [p for p in partitions.list_partitions(connection) if p.name == name]
+    updated, commit = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+    dropped: list[bool] = []
+    drop_pid: list[int] = []
+
+    def late_owner() -> None:
+        try:
+            with transaction.atomic():
+                store.complete(owner, store.StoredResponse(201, [], b'{"id": 1}'))
+                updated.set()
+                assert commit.wait(30)
+        except BaseException as exc:
+            errors.append(exc)
+            updated.set()
+        finally:
+            connections.close_all()
+
+    def dropper() -> None:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_backend_pid()")
+                drop_pid.append(cursor.fetchone()[0])
+            dropped.append(partitions.drop(connection, partition, lock_timeout=30))
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    owner_thread = threading.Thread(target=late_owner)
+    owner_thread.start()
+    assert updated.wait(30) and not errors, errors
+    drop_thread = threading.Thread(target=dropper)
+    drop_thread.start()
+    try:
+        assert _wait_until(lambda: bool(drop_pid)), "the dropper never connected"
+        assert _wait_until(lambda: _backend_waits_on_lock(drop_pid[0])), "no detach waited"
+    finally:
+        commit.set()
+        owner_thread.join(30)
+        drop_thread.join(30)
+    assert not errors, errors
+    assert dropped == [False]
+    (again,) = [p for p in partitions.list_partitions(connection) if p.name == name]
+    assert again.attached
+    retry = store.claim(_scope(key), FP, lease=30, retention=60)
+    assert isinstance(retry, store.Existing) and retry.completed
