@@ -171,3 +171,27 @@ def commands(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
 
     monkeypatch.setattr(_connection_base.BaseConnection, "_exec_command", spy)
     return seen
+
+
+@pytest.fixture
+def server_repeatable_read() -> Any:
+    """The server (not Django's OPTIONS) defaults the test database to REPEATABLE READ.
+
+    Undone after the test, with what claims found out about it (PostgreSQL only).
+    """
+    from django_idempotency import store
+
+    name = connection.settings_dict["NAME"]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"ALTER DATABASE \"{name}\" SET default_transaction_isolation = 'repeatable read'"
+        )
+    connections.close_all()
+    try:
+        yield
+    finally:
+        connections.close_all()
+        with connection.cursor() as cursor:
+            cursor.execute(f'ALTER DATABASE "{name}" RESET default_transaction_isolation')
+        connections.close_all()
+        store._strict_databases.discard("default")

@@ -402,24 +402,14 @@ def test_a_heartbeat_is_refused_clearly_at_stricter_levels(
 
 
 @pytest.mark.postgres
-def test_a_server_default_isolation_is_detected_by_the_claim(record_table, api, key):
+def test_a_server_default_isolation_is_detected_by_the_claim(
+    record_table, server_repeatable_read, api, key
+):
     """Django thinks READ COMMITTED; the server defaults to REPEATABLE READ."""
-    name = connection.settings_dict["NAME"]
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"ALTER DATABASE \"{name}\" SET default_transaction_isolation = 'repeatable read'"
-        )
-    connections.close_all()
-    try:
-        first = api.post("/widgets", {"name": "w"}, format="json", HTTP_IDEMPOTENCY_KEY=key)
-        replay = api.post("/widgets", {"name": "w"}, format="json", HTTP_IDEMPOTENCY_KEY=key)
-        assert (first.status_code, replay.status_code) == (201, 201)
-        assert replay.headers["Idempotent-Replayed"] == "true"
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute(f'ALTER DATABASE "{name}" RESET default_transaction_isolation')
-        connections.close_all()
-        store._strict_databases.discard("default")
+    first = api.post("/widgets", {"name": "w"}, format="json", HTTP_IDEMPOTENCY_KEY=key)
+    replay = api.post("/widgets", {"name": "w"}, format="json", HTTP_IDEMPOTENCY_KEY=key)
+    assert (first.status_code, replay.status_code) == (201, 201)
+    assert replay.headers["Idempotent-Replayed"] == "true"
 
 
 # --- partitions ahead, migrations -----------------------------------------------------

@@ -10,6 +10,7 @@ stored in the view's transaction (one more statement). It answers no replay and 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from django.db import connection, transaction
@@ -19,6 +20,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from django_idempotency import clock
 from django_idempotency._pg import complete_call_sql
 from django_idempotency._pg_partitioned import PG_PARTITIONED_CLAIM_SQL
 from django_idempotency.drf import IdempotentMixin
@@ -61,6 +63,16 @@ FLOOR_COMPLETE_SQL = (
 )
 
 
+def _create_then(request: Request, complete: Callable[[bytes], None]) -> Response:
+    """``ItemCreate``'s work, with ``complete(body)`` run in its transaction (the yardsticks)."""
+    serializer = ItemSerializer(data=request.data)
+    serializer.is_valid(raise_exception=True)
+    with transaction.atomic():
+        item = serializer.save()
+        complete(JSONRenderer().render(serializer.data))
+    return Response(serializer.data, status=201, headers={"Location": f"/items/{item.pk}"})
+
+
 class ItemCreateFloor(APIView):
     """The view of ``ItemCreate`` with a hand-written claim and completion (see above)."""
 
@@ -71,13 +83,9 @@ class ItemCreateFloor(APIView):
             claimed = cursor.fetchone()
             if claimed is None:
                 return Response(status=409)
-            serializer = ItemSerializer(data=request.data)
-            serializer.is_valid(raise_exception=True)
-            with transaction.atomic():
-                item = serializer.save()
-                body = JSONRenderer().render(serializer.data)
-                cursor.execute(FLOOR_COMPLETE_SQL, [201, body, claimed[0]])
-        return Response(serializer.data, status=201, headers={"Location": f"/items/{item.pk}"})
+            return _create_then(
+                request, lambda body: cursor.execute(FLOOR_COMPLETE_SQL, [201, body, claimed[0]])
+            )
 
 
 class ItemCreateSql(APIView):
@@ -114,23 +122,17 @@ class ItemCreateSql(APIView):
             won, record_id, *_rest, sweep_after = cursor.fetchone()
             if not won:
                 return Response(status=409)
-            serializer = ItemSerializer(data=request.data)
-            serializer.is_valid(raise_exception=True)
-            with transaction.atomic():
-                item = serializer.save()
-                body = JSONRenderer().render(serializer.data)
-                cursor.execute(
-                    complete_call_sql(unlock=True, commit=True),
-                    {
-                        **scope,
-                        "id": record_id,
-                        "token": token,
-                        "sweep_after": sweep_after,
-                        "status": 201,
-                        "headers": "[]",
-                        "body": body,
-                        "grace": 30.0,
-                        "clock_offset": 0.0,
-                    },
-                )
-        return Response(serializer.data, status=201, headers={"Location": f"/items/{item.pk}"})
+            completion = {
+                **scope,
+                "id": record_id,
+                "token": token,
+                "sweep_after": clock.utc_from_naive(sweep_after),
+                "status": 201,
+                "headers": "[]",
+                "grace": 30.0,
+                "clock_offset": 0.0,
+            }
+            sql = complete_call_sql(unlock=True, commit=True)
+            return _create_then(
+                request, lambda body: cursor.execute(sql, {**completion, "body": body})
+            )
