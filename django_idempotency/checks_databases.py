@@ -15,9 +15,8 @@ from django.apps import AppConfig, apps
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, router
-from django.urls import get_resolver
 
-from .checks_views import _patterns, _view_options
+from .checks_views import _view_options, url_patterns
 from .conf import conf
 from .databases import all_databases, record_database
 
@@ -27,7 +26,7 @@ _DOCS = "docs/deployment.md, 'Several databases'"
 def _static_usings() -> Iterator[tuple[str, object]]:
     """(view name, ``using=`` value) of every idempotent view that sets one."""
     seen: set[tuple[int, str]] = set()
-    for pattern in _patterns(get_resolver().url_patterns):
+    for pattern in url_patterns():
         for obj, options in _view_options(pattern.callback):
             using = options.get("using") if isinstance(options, dict) else options.using
             if using is None or (id(obj), repr(using)) in seen:

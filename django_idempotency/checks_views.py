@@ -1,6 +1,9 @@
-"""System checks that walk the URLconf: idempotent views (W001, W002, W005, E008).
+"""System checks that walk the URLconf: idempotent views (W001, W002, W005, E008, E010, W009).
 
-Each check is documented in ``docs/checks.md`` with its fix.
+Each check is documented in ``docs/checks.md`` with its fix. Every check here reads the
+URL patterns through :func:`url_patterns`, which never raises: a settings module without
+``ROOT_URLCONF`` has no views to inspect, and a URLconf that cannot be imported is
+reported once, by W009, while the other checks run on.
 """
 
 from __future__ import annotations
@@ -84,7 +87,7 @@ def check_view_retention(
         return []  # reported by E006
     warnings: list[CheckMessage] = []
     seen: set[tuple[int, float]] = set()
-    for pattern in _patterns(get_resolver().url_patterns):
+    for pattern in url_patterns():
         for obj, options in _view_options(pattern.callback):
             value = options.get("retention") if isinstance(options, dict) else options.retention
             try:
@@ -118,6 +121,55 @@ def _patterns(patterns: list[Any]) -> Iterator[URLPattern]:
             yield pattern
 
 
+def _read_urlconf() -> tuple[list[URLPattern], str | None]:
+    """(every URL pattern of the root URLconf, why it could not be read or ``None``).
+
+    No ``ROOT_URLCONF`` (a worker's settings module) means no views: nothing to read and
+    nothing to report. An exception while importing the URLconf or one it includes
+    (``ImportError``, or any error its code raises) is the reason.
+    """
+    if not getattr(settings, "ROOT_URLCONF", None):
+        return [], None
+    try:
+        return list(_patterns(get_resolver().url_patterns)), None
+    except Exception as exc:  # a system check reports, it never crashes the command
+        return [], f"{type(exc).__name__}: {exc}"
+
+
+def url_patterns() -> list[URLPattern]:
+    """Every ``URLPattern`` of the root URLconf, includes walked; empty if it cannot be read.
+
+    Never raises: the checks that walk the URLconf then have nothing to inspect, and
+    W009 (:func:`check_urlconf_readable`) says why, once.
+    """
+    return _read_urlconf()[0]
+
+
+@register(Tags.urls)
+def check_urlconf_readable(
+    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """W009: the URLconf cannot be imported, so the checks of the views did not run.
+
+    Reported once for all of them (W001, W002, W005, W008, E008, E009, E010); a
+    settings module without ``ROOT_URLCONF`` serves no views and gets no message.
+    """
+    reason = _read_urlconf()[1]
+    if reason is None:
+        return []
+    return [
+        Warning(
+            f"The URL configuration {settings.ROOT_URLCONF!r} could not be imported "
+            f"({reason}), so django-idempotency could not inspect the views: W001, W002, "
+            "W005, W008, E008, E009 and E010 did not check them.",
+            hint=f"Fix the error: `python -c 'import {settings.ROOT_URLCONF}'` shows where "
+            "it happens. Then run the checks again.",
+            obj=str(settings.ROOT_URLCONF),
+            id="django_idempotency.W009",
+        )
+    ]
+
+
 @register(Tags.urls)
 def check_atomic_requests(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
@@ -135,7 +187,7 @@ def check_atomic_requests(
         return []
     warnings: list[CheckMessage] = []
     seen: set[int] = set()
-    for pattern in _patterns(get_resolver().url_patterns):
+    for pattern in url_patterns():
         callback = pattern.callback
         view_class = getattr(callback, "view_class", None) or getattr(callback, "cls", None)
         if view_class is None or id(callback) in seen:
@@ -183,7 +235,7 @@ def check_mixin_actions(
     """
     errors: list[CheckMessage] = []
     seen: set[type] = set()
-    for pattern in _patterns(get_resolver().url_patterns):
+    for pattern in url_patterns():
         callback = pattern.callback
         view_class = getattr(callback, "view_class", None) or getattr(callback, "cls", None)
         actions = getattr(view_class, "idempotent_actions", None)
@@ -323,7 +375,7 @@ def check_outer_atomic(
     """
     warnings: list[CheckMessage] = []
     seen: set[int] = set()
-    for pattern in _patterns(get_resolver().url_patterns):
+    for pattern in url_patterns():
         found = _outer_atomic(pattern.callback)
         if found is None or id(found[0]) in seen:
             continue

@@ -265,3 +265,99 @@ def test_w006_only_above_read_committed(db):
     finally:
         del options["isolation_level"]
     assert message.id == "django_idempotency.W006" and "HeartbeatUnavailable" in message.msg
+
+
+# --- W009 (the URLconf cannot be read): every check still runs ----------------------
+
+import os  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from io import StringIO  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from django.conf import settings as django_settings  # noqa: E402
+from django.core.management import call_command  # noqa: E402
+from django.urls import clear_url_caches  # noqa: E402
+
+
+def _our_checks() -> list:
+    return [
+        check
+        for check in checks.registry.registry.get_checks(include_deployment_checks=True)
+        if check.__module__.startswith("django_idempotency.")
+    ]
+
+
+def test_check_runs_without_a_root_urlconf():
+    """A worker's settings module has no ``ROOT_URLCONF``: ``manage.py check`` runs every
+    check and reports nothing about views (there are none to inspect)."""
+    out = StringIO()
+    with override_settings():
+        del django_settings.ROOT_URLCONF
+        clear_url_caches()
+        try:
+            call_command("check", stdout=out, stderr=StringIO())
+            messages = [m for check in _our_checks() for m in check(app_configs=None)]
+        finally:
+            clear_url_caches()
+    assert "System check identified no issues" in out.getvalue(), out.getvalue()
+    assert "django_idempotency.W009" not in ids(messages)
+
+
+@pytest.mark.parametrize(
+    "urlconf",
+    ["tests.no_such_urls_module", "tests.testapp.gates"],  # missing; imports, no urlpatterns
+)
+def test_w009_an_unreadable_urlconf_is_reported_once_and_the_other_checks_run(urlconf):
+    """A URLconf that fails to import (or has no ``urlpatterns``): every check of the app
+    runs without raising, W009 says once which URLconf and why, and the checks that do
+    not need the URLconf still report (here E001)."""
+    with override_settings(ROOT_URLCONF=urlconf, IDEMPOTENCY={"LEASE_SECONDS": 5}):
+        clear_url_caches()
+        try:
+            messages = [m for check in _our_checks() for m in check(app_configs=None)]
+        finally:
+            clear_url_caches()
+    assert ids(messages).count("django_idempotency.W009") == 1, messages
+    (w009,) = [m for m in messages if m.id == "django_idempotency.W009"]
+    assert urlconf in w009.msg and "could not inspect the views" in w009.msg
+    assert "django_idempotency.E001" in ids(messages)
+
+
+def test_w009_names_the_error_a_urlconf_raises_while_importing(tmp_path, monkeypatch):
+    """A URLconf whose code raises (not an ImportError) is reported with that error."""
+    (tmp_path / "raising_urls.py").write_text("raise RuntimeError('no database at import')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with override_settings(ROOT_URLCONF="raising_urls"):
+        clear_url_caches()
+        try:
+            messages = [m for check in _our_checks() for m in check(app_configs=None)]
+        finally:
+            clear_url_caches()
+            sys.modules.pop("raising_urls", None)
+    (w009,) = [m for m in messages if m.id == "django_idempotency.W009"]
+    assert "RuntimeError: no database at import" in w009.msg
+
+
+def test_manage_py_check_passes_with_a_settings_module_without_root_urlconf(tmp_path):
+    """``manage.py check`` in a real process, under a worker's settings module that
+    leaves ``ROOT_URLCONF`` out: it exits 0 and reports no issue."""
+    (tmp_path / "worker_settings.py").write_text(
+        "from tests.settings import *  # noqa: F403\n\n"
+        "del ROOT_URLCONF  # noqa: F821\n"
+        "SILENCED_SYSTEM_CHECKS = ['django_idempotency.W003']  # SQLite outside tests\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, DJANGO_SETTINGS_MODULE="worker_settings")
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(root)])
+    done = subprocess.run(
+        [sys.executable, "-m", "django", "check"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "System check identified no issues" in done.stdout, done.stdout + done.stderr
