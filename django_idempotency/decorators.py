@@ -35,7 +35,7 @@ def _wrap_api_view(view: Any, decorate: Callable[[Any], Any]) -> Any:
     permissions and throttling; the view as a whole is exempted from
     ``ATOMIC_REQUESTS`` so its claims commit on their own.
     """
-    from .drf import replay_negotiation
+    from .drf import _closure_options, replay_negotiation
 
     view_class = view.cls
     if "WrappedAPIView" not in view_class.__qualname__:
@@ -44,6 +44,14 @@ def _wrap_api_view(view: Any, decorate: Callable[[Any], Any]) -> Any:
             "outside: it would run before authentication and permissions. Decorate its "
             "methods, or add IdempotentMixin to the class."
         )
+    for method in view_class.http_method_names:
+        handler = view_class.__dict__.get(method)
+        if handler is not None and _closure_options(handler) is not None:
+            raise TypeError(
+                f"@api_view function {view_class.__name__!r} is already @idempotent (below "
+                "@api_view): a second @idempotent above it would claim every key twice. "
+                "Keep one, above @api_view."
+            )
     # A replay is the stored representation, whatever the retry's Accept.
     view_class.content_negotiation_class = replay_negotiation(view_class.content_negotiation_class)
     for method in view_class.http_method_names:
@@ -66,6 +74,56 @@ def _in_atomic_requests(handler: Callable[..., Any]) -> Callable[..., Any]:
             return handler(*args, **kwargs)
 
     return _atomic_handler
+
+
+def _refuse_unworkable(func: Any) -> None:
+    """``TypeError`` for what ``@idempotent`` cannot protect, seen when it is applied.
+
+    A class (decorate its handlers, or use ``IdempotentMixin``); a ``staticmethod`` or
+    ``classmethod`` object (the wrapper would be called with ``self``: put
+    ``@staticmethod`` above); a function already ``@idempotent`` (each request would be
+    claimed twice with one key, the inner claim answering 409 to the outer one). Where
+    the mistake shows only once the view is routed (``@idempotent`` on ``dispatch`` of
+    a DRF view), the system check E010 reports it.
+    """
+    name = getattr(func, "__qualname__", None) or repr(func)
+    if isinstance(func, type):
+        raise TypeError(
+            f"@idempotent cannot decorate the class {name}: decorate its handler methods "
+            "(post, put, patch, delete) or, on a DRF view, put IdempotentMixin first in "
+            "its bases."
+        )
+    if isinstance(func, (staticmethod, classmethod)):
+        kind = type(func).__name__
+        raise TypeError(
+            f"@idempotent above @{kind} ({name}): the view would be called with the wrong "
+            f"arguments. Put @{kind} above @idempotent."
+        )
+    if hasattr(func, "_idempotency_options"):
+        raise TypeError(
+            f"{name} is already @idempotent: a second @idempotent (directly, or through "
+            "method_decorator) would claim every key twice. Keep one."
+        )
+
+
+def is_idempotent_layer(func: Any) -> bool:
+    """Whether ``func`` is one layer of ``@idempotent`` in a chain of decorators.
+
+    That is a wrapper ``@idempotent`` made, or ``method_decorator``'s wrapper applying
+    ``@idempotent``. Attributes copied by ``functools.wraps`` do not count: only the
+    wrapper's own code, or the decorator it applies, does.
+    """
+    if getattr(func, "__code__", None) in _WRAPPER_CODES:
+        return True
+    for cell in getattr(func, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        values = value if isinstance(value, (list, tuple)) else (value,)
+        if any(v is idempotent or getattr(v, "__code__", None) is _DECORATOR_CODE for v in values):
+            return True
+    return False
 
 
 @overload
@@ -108,12 +166,15 @@ def idempotent(view: F | None = None, /, **options: Any) -> F | Callable[[F], F]
             elsewhere in the request (a webhook's event id; docs/inbox.md).
 
     Raises:
-        TypeError: an unknown or invalid option, or the decorator applied to a
-            class-based view's ``as_view()`` (decorate its methods or use the mixin).
+        TypeError: an unknown or invalid option, or the decorator applied where it
+            cannot protect the view: to a class-based view's ``as_view()`` or to a class
+            (decorate its methods or use the mixin), above ``@staticmethod`` or
+            ``@classmethod``, or to a view that is already ``@idempotent``.
     """
     opts = Options.from_kwargs(**options)
 
     def decorator(func: F) -> F:
+        _refuse_unworkable(func)
         if _drf_view_class(func) is not None:
             return _wrap_api_view(func, decorator)  # type: ignore[no-any-return]
         DECORATED.add((func.__module__, func.__name__))
@@ -158,3 +219,19 @@ def idempotent(view: F | None = None, /, **options: Any) -> F | Callable[[F], F]
     if view is not None:
         return decorator(view)
     return decorator
+
+
+def _codes() -> tuple[frozenset[Any], Any]:
+    """The code objects of ``@idempotent``'s wrappers and of its inner decorator."""
+    decorator_code = next(
+        c for c in idempotent.__code__.co_consts if getattr(c, "co_name", "") == "decorator"
+    )
+    wrappers = frozenset(
+        c
+        for c in decorator_code.co_consts
+        if getattr(c, "co_name", "") in ("_sync_wrapper", "_async_wrapper")
+    )
+    return wrappers, decorator_code
+
+
+_WRAPPER_CODES, _DECORATOR_CODE = _codes()

@@ -5,6 +5,7 @@ The only module importing DRF (besides ``openapi``, for drf-spectacular).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -143,12 +144,99 @@ def function_negotiation(func: Any) -> type[BaseContentNegotiation]:
     return replay_negotiation(chosen)
 
 
+def passes_the_call_on(method: Any) -> bool:
+    """Whether ``method`` (a function, classmethod or staticmethod) calls ``super()``.
+
+    Read from its code (the name ``super`` among the names it uses), through
+    ``functools.wraps`` decorators to the function they wrap. A callable whose code
+    cannot be read is taken to pass the call on.
+    """
+    func = inspect.unwrap(getattr(method, "__func__", method))
+    code = getattr(func, "__code__", None)
+    return code is None or "super" in code.co_names
+
+
+def overridden_methods() -> tuple[str, ...]:
+    """The methods of DRF's views that :class:`IdempotentMixin` overrides (``initial``...)."""
+    from rest_framework.views import APIView
+
+    return tuple(
+        name
+        for name, value in vars(IdempotentMixin).items()
+        if not name.startswith("_")
+        and callable(getattr(value, "__func__", value))
+        and hasattr(APIView, name)
+    )
+
+
+def shadowing(cls: type) -> list[tuple[str, type]]:
+    """(method, class) for each method of the mixin that ``cls`` never reaches.
+
+    A class before ``IdempotentMixin`` in ``cls.__mro__`` that defines one of the
+    :func:`overridden_methods` without passing the call on (``super()``) shadows the
+    mixin's: DRF's ``APIView.initial`` when the mixin comes after the view class in the
+    bases, or a subclass's ``initial`` that does not call ``super().initial()``.
+
+    Args:
+        cls: a class; without ``IdempotentMixin`` among its bases, nothing is found.
+    """
+    mro = cls.__mro__
+    if IdempotentMixin not in mro:
+        return []
+    before = mro[: mro.index(IdempotentMixin)]
+    found = []
+    for name in overridden_methods():
+        for klass in before:
+            if name in vars(klass) and not passes_the_call_on(vars(klass)[name]):
+                found.append((name, klass))
+                break
+    return found
+
+
+def _refuse_misplaced_mixin(cls: type) -> None:
+    """``TypeError`` when ``cls`` cannot run :class:`IdempotentMixin`'s methods.
+
+    The bases are checked where the mistake is certain: a class that is not itself
+    built on the mixin (DRF's ``APIView``, a ViewSet, another mixin) comes before it in
+    the MRO and defines one of its methods without passing the call on, so no request
+    would be protected; or the mixin is on a view that is not DRF's (Django's ``View``
+    never calls ``initial``). A subclass of a correctly built view that overrides one of
+    these methods without ``super()`` is reported by the system check E010 instead (its
+    code is read, which a decorator can hide).
+    """
+    from django.views import View
+    from rest_framework.views import APIView
+
+    if issubclass(cls, View) and not issubclass(cls, APIView):
+        raise TypeError(
+            f"IdempotentMixin protects Django REST framework views (APIView, ViewSet), "
+            f"and {cls.__qualname__} is a Django class-based view, which never calls the "
+            "mixin's initial(): no request would be protected. Decorate its handlers "
+            "instead (@idempotent on post, or "
+            '@method_decorator(idempotent, name="post") on the class).'
+        )
+    outside = [(name, k) for name, k in shadowing(cls) if not issubclass(k, IdempotentMixin)]
+    if not outside:
+        return
+    methods = ", ".join(f"{k.__qualname__}.{name}()" for name, k in outside)
+    bases = [b for b in cls.__bases__ if not issubclass(b, IdempotentMixin)]
+    carrier = [b for b in cls.__bases__ if issubclass(b, IdempotentMixin)]
+    fixed = ", ".join(b.__name__ for b in (carrier or [IdempotentMixin]) + bases)
+    raise TypeError(
+        f"{cls.__name__} lists IdempotentMixin after a base whose {methods} do not "
+        "call super(): the mixin's never run, so no request would be protected (a POST "
+        "without a key would run, a retry would run again). Put the mixin first in the "
+        f"bases: class {cls.__name__}({fixed})."
+    )
+
+
 class IdempotentMixin:
     """Protect an APIView's or ViewSet's unsafe actions with ``Idempotency-Key``.
 
     Put it before the view class in the bases (``class WorkerViewSet(IdempotentMixin,
-    viewsets.ModelViewSet)``). The claim is made in ``initial()``, after DRF has run
-    authentication, permissions and throttling, so a replay never bypasses them.
+    viewsets.ModelViewSet)``); anywhere else ``TypeError`` is raised when the class is
+    defined. The claim is made in ``initial()``, after DRF has run authentication,
+    permissions and throttling, so a replay never bypasses them.
 
     Attributes:
         idempotent_actions: which actions are protected. ``None`` (default): every
@@ -170,9 +258,12 @@ class IdempotentMixin:
 
         Raises:
             TypeError: an unknown option or an invalid value (a misspelt option would
-                otherwise fail on every request).
+                otherwise fail on every request); the mixin after the view class in the
+                bases, or on a Django (not DRF) class-based view: its methods would
+                never run and no request would be protected.
         """
         super().__init_subclass__(**kwargs)
+        _refuse_misplaced_mixin(cls)
         Options.from_kwargs(**dict(cls.idempotency_options))
         actions = cls.idempotent_actions
         if isinstance(actions, str):

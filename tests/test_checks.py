@@ -361,3 +361,95 @@ def test_manage_py_check_passes_with_a_settings_module_without_root_urlconf(tmp_
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "System check identified no issues" in done.stdout, done.stdout + done.stderr
+
+
+# --- E010 (protection that cannot work as stacked, seen in the URLconf) -------------
+
+from django.urls import path  # noqa: E402
+from django.views import View  # noqa: E402
+from rest_framework import mixins, viewsets  # noqa: E402
+
+from django_idempotency.checks_views import check_misplaced_protection  # noqa: E402
+
+
+@method_decorator(idempotent, name="dispatch")
+class _IdempotentDispatch(APIView):
+    def post(self, request):
+        return Response({})
+
+
+class _MixinViewSet(IdempotentMixin, mixins.CreateModelMixin, viewsets.GenericViewSet):
+    pass
+
+
+class _InitialWithoutSuper(_MixinViewSet):
+    def initial(self, request, *args, **kwargs):
+        self.started = True  # DRF's checks and the claim never run
+
+
+class _InitialWithSuper(_MixinViewSet):
+    def initial(self, request, *args, **kwargs):
+        super().initial(request, *args, **kwargs)
+
+
+class _TwiceThroughMethodDecorator(APIView):
+    @method_decorator(idempotent(lease=5))
+    @idempotent
+    def post(self, request):
+        return Response({})
+
+
+class _DjangoSetup(View):
+    @idempotent
+    def setup(self, request, *args, **kwargs):
+        super().setup(request, *args, **kwargs)
+
+    def post(self, request):
+        return None
+
+
+@method_decorator(idempotent, name="dispatch")
+class _DjangoDispatch(View):
+    def post(self, request):
+        return None
+
+
+def _routed(settings, *views):
+    module = type("urls", (), {})()
+    module.urlpatterns = [path(f"v{n}", view) for n, view in enumerate(views)]
+    settings.ROOT_URLCONF = module
+    clear_url_caches()
+    try:
+        return check_misplaced_protection()
+    finally:
+        clear_url_caches()
+
+
+@pytest.mark.parametrize(
+    ("view", "says"),
+    [
+        (_IdempotentDispatch.as_view(), "dispatch() is @idempotent, but dispatch() is part of"),
+        (_InitialWithoutSuper.as_view({"post": "create"}), "does not call super().initial()"),
+        (_TwiceThroughMethodDecorator.as_view(), "post() is @idempotent twice"),
+        (_DjangoSetup.as_view(), "setup() is @idempotent, but setup() is part of"),
+    ],
+)
+def test_e010_protection_that_cannot_work_as_stacked(settings, view, says):
+    """A routed view whose protection cannot work as its code is stacked is an Error,
+    naming the method and what to write instead: ``@idempotent`` on a DRF view's
+    ``dispatch`` (the claim would run before authentication), a subclass's ``initial``
+    without ``super()``, two ``@idempotent`` on one handler, a Django view's ``setup``."""
+    (error,) = _routed(settings, view)
+    assert error.id == "django_idempotency.E010" and error.level == checks.ERROR
+    assert says in error.msg, error.msg
+    assert error.hint
+
+
+def test_e010_silent_where_the_protection_works(settings):
+    """``@idempotent`` on a Django view's ``dispatch`` protects every handler; a subclass
+    that calls ``super().initial()`` keeps the mixin's; the test project's own views
+    stack nothing wrongly."""
+    assert check_misplaced_protection() == []
+    assert _routed(settings, _DjangoDispatch.as_view()) == []
+    assert _routed(settings, _InitialWithSuper.as_view({"post": "create"})) == []
+    assert _routed(settings, _Reboot.as_view(), _MixinViewSet.as_view({"post": "create"})) == []
