@@ -273,12 +273,17 @@ def _delete(queryset: QuerySet[Any], *, dry_run: bool) -> int:
     Each batch is its own transaction (outside an atomic block), so locks stay short
     and an interrupted run keeps what it did. Bypasses the deletion collector: nothing
     cascades from these rows (the outbox's link to a record has no constraint).
+
+    The DELETE carries ``queryset``'s conditions itself, not only the batch's ids: a row
+    a concurrent writer holds (a late completion, a heartbeat pushing its window) is
+    waited for, then tested again as that writer left it (PostgreSQL re-evaluates the
+    DELETE's own conditions on the updated row, not those of the subquery that chose
+    the batch), so a record made live meanwhile is kept.
     """
     if dry_run:
         return queryset.count()
     using = queryset.db
     batch = max(conf.sweep_batch_size, 1)
-    model = queryset.model
     ordered = queryset.order_by()
     total = 0
     while True:
@@ -286,7 +291,7 @@ def _delete(queryset: QuerySet[Any], *, dry_run: bool) -> int:
             chunk: Any = ordered.values("pk")[:batch]
         else:  # MySQL: no LIMIT in an IN subquery
             chunk = list(ordered.values_list("pk", flat=True)[:batch])
-        deleted = int(model._default_manager.using(using).filter(pk__in=chunk)._raw_delete(using))
+        deleted = int(ordered.filter(pk__in=chunk)._raw_delete(using))
         total += deleted
         if deleted < batch:
             return total
