@@ -32,15 +32,15 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
 
 import stamina.instrumentation
 
-from storm.clients import Mode, Storm, Tally, count_workers, plan
+from storm.clients import Mode, Storm, plan, stored_workers
 from storm.crash import CrashReport, crash_mid_flight
 from storm.proxy import FaultProxy, FaultRates
 from storm.server import Gunicorn, SetupError, ThrowawayDatabase, manage, shown_url
+from storm.verdict import RunResult, judge
 from workers.demo_principals import DEMO_TOKENS
 
 DEFAULT_ADMIN_URL = "postgres://postgres@127.0.0.1:5432/postgres"
@@ -71,34 +71,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-@dataclass
-class RunResult:
-    mode: Mode
-    operations: int
-    jobs: int
-    tally: Tally
-    faults: dict[str, int]
-    workers: dict[str, int]
-    seconds: float
-
-    @property
-    def created(self) -> int:
-        return sum(self.workers.values())
-
-    @property
-    def phantom(self) -> int:
-        return sum(n - 1 for n in self.workers.values() if n > 1)
-
-    @property
-    def missing(self) -> int:
-        return self.operations - len(self.workers)
-
-    @property
-    def split_answers(self) -> int:
-        """Operations whose clients were told of different workers."""
-        return sum(1 for ids in self.tally.answers.values() if len(ids) > 1)
-
-
 def server_env(database_url: str, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
     env.update(
@@ -112,7 +84,12 @@ def server_env(database_url: str, **extra: str) -> dict[str, str]:
 
 
 def run_storm(
-    mode: Mode, proxy: FaultProxy, db: ThrowawayDatabase, args: argparse.Namespace, tmp: Path
+    mode: Mode,
+    proxy: FaultProxy,
+    db: ThrowawayDatabase,
+    args: argparse.Namespace,
+    tmp: Path,
+    server_url: str,
 ) -> RunResult:
     jobs = plan(args.operations)
     run_id = f"storm-{mode}-{uuid.uuid4().hex[:8]}"
@@ -131,13 +108,24 @@ def run_storm(
     if not proxy.drain(timeout=60):  # stalled originals still arriving: wait for them
         print("  (the proxy still had requests in flight after 60 s)")
     seconds = time.monotonic() - started
+    faults = dict(proxy.counts)
+    abandoned = tally.abandoned()
+    if mode == "on" and abandoned:
+        # Clients that gave up broke no promise; their operations are resumed with the
+        # keys in the key store, straight to the server: the stored answer, or one run.
+        print(f"  {len(abandoned)} operations had no answer (their clients gave up): resuming")
+        for number in abandoned:
+            try:
+                storm.resume(number, server_url)
+            except Exception as exc:  # reported by the verdict as unresumed
+                print(f"  (operation {number} could not be resumed: {exc})")
     return RunResult(
         mode=mode,
         operations=args.operations,
         jobs=len(jobs),
         tally=tally,
-        faults=dict(proxy.counts),
-        workers=count_workers(db.connect, run_id),
+        faults=faults,
+        stored=stored_workers(db.connect, run_id),
         seconds=seconds,
     )
 
@@ -168,7 +156,13 @@ def print_table(on: RunResult, off: RunResult) -> None:
         ("upstream requests", "requests that reached the server"),
     ):
         row(label, on.faults.get(fault, 0), off.faults.get(fault, 0))
-    row("operations that failed (client gave up)", len(on.tally.failed), len(off.tally.failed))
+    row("clients that gave up (retries exhausted)", on.clients_gave_up, off.clients_gave_up)
+    row(
+        "  operations left without an answer",
+        len(on.tally.abandoned()),
+        len(off.tally.abandoned()),
+    )
+    row("  of those, resumed later with their key", len(on.tally.resumed), "-")
     row("workers created", on.created, off.created)
     row("PHANTOM WORKERS (beyond one per operation)", on.phantom, off.phantom, "<- must be 0 on")
     row("operations without a worker", on.missing, off.missing)
@@ -265,15 +259,13 @@ def main(argv: list[str] | None = None) -> int:
             results = {}
             for mode in ("on", "off"):
                 print(f"  running the storm with idempotency {mode} ...")
-                results[mode] = run_storm(mode, proxy, db, args, Path(tmp))
+                results[mode] = run_storm(mode, proxy, db, args, Path(tmp), server.url)
         on, off = results["on"], results["off"]
         print_table(on, off)
-        held = not (on.phantom or on.missing or on.tally.failed or on.split_answers)
+        verdict = judge(on)
+        held = verdict.held
         print("")
-        print(
-            f"  idempotency on: {on.created} workers for {on.operations} operations -> "
-            + ("held" if held else "BROKEN")
-        )
+        print(f"  {verdict.line(on)}")
         print(
             f"  idempotency off: {off.phantom} phantom workers, VMs nobody asked for (a new "
             "key per attempt: the server cannot tell a retry from a new request)"

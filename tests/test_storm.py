@@ -190,3 +190,85 @@ def test_the_storm_refuses_a_non_loopback_database() -> None:
 
     assert code == 2, output
     assert "loopback only" in output, output
+
+
+# --- the verdict: a broken promise, or clients that gave up --------------------------
+
+from storm.clients import Tally  # noqa: E402
+from storm.server import SetupError, wait_ready  # noqa: E402
+from storm.verdict import RunResult, judge  # noqa: E402
+
+
+def _run(answers: dict[int, set[str]], stored: dict[int, set[str]], gave_up: dict[int, int]):
+    tally = Tally()
+    for number, ids in answers.items():
+        for worker_id in ids:
+            tally.answered(number, worker_id)
+    for number, clients in gave_up.items():
+        for _ in range(clients):
+            tally.fail(number, f"operation {number}: gave up after 10 attempts")
+    return RunResult(
+        mode="on",
+        operations=len(answers.keys() | gave_up.keys()),
+        jobs=0,
+        tally=tally,
+        faults={},
+        stored={str(n): ids for n, ids in stored.items()},
+        seconds=1.0,
+    )
+
+
+def test_clients_that_gave_up_are_reported_not_called_a_broken_promise() -> None:
+    """Two clients gave up (retries exhausted on a loaded machine), nothing ran twice and
+    every answer was the stored worker: the verdict is "held", and it says how many
+    clients gave up and that their operations were resumed."""
+    result = _run(
+        answers={0: {"wkr-A"}, 1: {"wkr-B"}},
+        stored={0: {"wkr-A"}, 1: {"wkr-B"}, 2: {"wkr-C"}},
+        gave_up={2: 1, 3: 1},
+    )
+    result.tally.resumed[2] = "wkr-C"
+    verdict = judge(result)
+    line = verdict.line(result)
+    assert verdict.held, line
+    assert "-> held" in line and "BROKEN" not in line, line
+    assert "2 clients gave up" in line and "not a broken promise" in line, line
+    assert "1 operations not finished even when resumed" in line, line  # operation 3
+
+
+@pytest.mark.parametrize(
+    ("answers", "stored", "says"),
+    [
+        ({0: {"wkr-A"}}, {0: {"wkr-A", "wkr-B"}}, "1 phantom workers"),
+        ({0: {"wkr-A", "wkr-B"}}, {0: {"wkr-A"}}, "told of two different workers"),
+        ({0: {"wkr-Z"}}, {0: {"wkr-A"}}, "not the stored one"),
+        ({0: {"wkr-A"}}, {}, "not the stored one"),  # answered, but no worker exists
+    ],
+)
+def test_a_duplicate_or_a_wrong_answer_is_a_broken_promise(answers, stored, says) -> None:
+    """An operation that ran twice, two clients told of different workers, or an answer
+    that is not the stored worker: "BROKEN", naming what broke."""
+    result = _run(answers=answers, stored=stored, gave_up={})
+    verdict = judge(result)
+    assert not verdict.held
+    assert "-> BROKEN" in verdict.line(result) and says in verdict.line(result)
+
+
+def test_readiness_is_polled_until_the_server_answers() -> None:
+    """The server is waited for until it answers, however long below the deadline (a
+    loaded machine), not for a fixed time; each probe's reason is kept for the error."""
+    reasons = iter(["ConnectError", "HTTP 502", "1 of 2 workers up", None])
+    seen: list[str | None] = []
+
+    def probe() -> str | None:
+        seen.append(next(reasons))
+        return seen[-1]
+
+    wait_ready(probe, timeout=60, what="gunicorn")
+    assert seen == ["ConnectError", "HTTP 502", "1 of 2 workers up", None]
+
+
+def test_readiness_gives_up_at_the_deadline_with_the_last_reason() -> None:
+    """A server that never answers fails setup after the deadline, saying why."""
+    with pytest.raises(SetupError, match=r"gunicorn was not ready after 0 s \(last: HTTP 503\)"):
+        wait_ready(lambda: "HTTP 503", timeout=0, what="gunicorn")

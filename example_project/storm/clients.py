@@ -76,7 +76,11 @@ class Tally:
     conflicts: int = 0
     network_errors: int = 0
     failed: list[str] = field(default_factory=list)
+    #: Clients that gave up (their retries exhausted), per operation number.
+    gave_up: Counter[int] = field(default_factory=Counter)
     answers: dict[int, set[str]] = field(default_factory=dict)
+    #: Answers to the clients that resumed an operation whose clients all gave up.
+    resumed: dict[int, str] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def record(self, event: AttemptEvent) -> None:
@@ -94,9 +98,15 @@ class Tally:
         with self._lock:
             self.answers.setdefault(number, set()).add(worker_id)
 
-    def fail(self, text: str) -> None:
+    def fail(self, number: int, text: str) -> None:
         with self._lock:
             self.failed.append(text)
+            self.gave_up[number] += 1
+
+    def abandoned(self) -> list[int]:
+        """Operations no client got an answer for: every client of it gave up."""
+        with self._lock:
+            return sorted(n for n in self.gave_up if n not in self.answers)
 
 
 class Poster(Protocol):
@@ -189,9 +199,30 @@ class Storm:
             else:
                 response = self._send(self.client(), operation, body)
         except IdempotentRequestError as exc:
-            self.tally.fail(f"operation {job.number}: {exc}")
+            self.tally.fail(job.number, f"operation {job.number}: {exc}")
             return
         self.tally.answered(job.number, str(response.json().get("id")))
+
+    def resume(self, number: int, base_url: str) -> None:
+        """Operation ``number`` taken up again, after its clients gave up, by a new
+        client with the same key store, straight to the server (no fault proxy): with
+        idempotency it gets the stored answer or runs the operation once."""
+        client = IdempotentClient(
+            base_url,
+            attempts=self.attempts,
+            key_store=SQLiteKeyStore(self.key_store),
+            headers={"Authorization": f"Token {self.token}"},
+            timeout=max(self.timeout, 10.0),
+            total_timeout=120.0,
+            backoff=BACKOFF,
+        )
+        try:
+            response = client.post(
+                CREATE, json=self.body(number), operation=f"{self.run_id}/worker-{number}"
+            )
+        finally:
+            client.close()
+        self.tally.resumed[number] = str(response.json().get("id"))
 
     def _crash_then_resume(self, operation: str, body: dict[str, Any]) -> httpx.Response:
         first = self.client(attempts=1)
@@ -216,10 +247,17 @@ class Storm:
 
 def count_workers(connect: Callable[[], Any], run_id: str) -> dict[str, int]:
     """Workers in the database per operation number of run ``run_id``."""
+    return {op: len(ids) for op, ids in stored_workers(connect, run_id).items()}
+
+
+def stored_workers(connect: Callable[[], Any], run_id: str) -> dict[str, set[str]]:
+    """The ids of the workers in the database per operation number of run ``run_id``."""
     with connect() as conn:
         rows = conn.execute(
-            "SELECT labels->>'op', count(*) FROM workers_worker"
-            " WHERE labels->>'storm-run' = %s GROUP BY 1",
+            "SELECT labels->>'op', id::text FROM workers_worker WHERE labels->>'storm-run' = %s",
             (run_id,),
         ).fetchall()
-    return {str(op): int(n) for op, n in rows}
+    stored: dict[str, set[str]] = {}
+    for op, worker_id in rows:
+        stored.setdefault(str(op), set()).add(str(worker_id))
+    return stored

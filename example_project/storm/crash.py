@@ -25,7 +25,9 @@ from django_idempotency.client import AttemptEvent, Backoff, IdempotentClient
 from .clients import CREATE, count_workers
 from .server import Gunicorn, ThrowawayDatabase, kill
 
-FIND_TIMEOUT = 20.0  # seconds to see the request inside its transaction
+#: Seconds at most to see the request inside its transaction; the search also ends as
+#: soon as the client's thread does (it has its own total timeout). A bound, not a wait.
+FIND_TIMEOUT = 120.0
 
 
 @dataclass

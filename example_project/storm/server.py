@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -24,7 +25,10 @@ import httpx
 import psycopg
 
 EXAMPLE = Path(__file__).resolve().parent.parent
-READY_TIMEOUT = 30.0
+#: Seconds gunicorn may take to answer before the storm gives up: a deadline for a
+#: server that never comes up, not a wait (readiness is polled; a loaded machine takes
+#: as long as it takes below it). ``STORM_READY_TIMEOUT`` sets it.
+READY_TIMEOUT = float(os.environ.get("STORM_READY_TIMEOUT", "300"))
 
 
 class SetupError(Exception):
@@ -132,19 +136,24 @@ class Gunicorn:
             self.process = subprocess.Popen(
                 self.command(), cwd=EXAMPLE, env=self.env, stdout=log, stderr=subprocess.STDOUT
             )
-        deadline = time.monotonic() + READY_TIMEOUT
         headers = {"Authorization": f"Token {token}"}
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise SetupError(f"gunicorn exited with code {self.process.returncode}")
+        process = self.process
+
+        def probe() -> str | None:
+            if process.poll() is not None:
+                raise SetupError(f"gunicorn exited with code {process.returncode}")
             try:
-                answer = httpx.get(f"{self.url}{self.ready_path}", headers=headers, timeout=2)
-                if answer.is_success and len(self.worker_pids()) >= self.workers:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        raise SetupError(f"gunicorn did not answer within {READY_TIMEOUT:.0f} s")
+                answer = httpx.get(f"{self.url}{self.ready_path}", headers=headers, timeout=10)
+            except httpx.TransportError as exc:
+                return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            if not answer.is_success:
+                return f"HTTP {answer.status_code}"
+            workers = len(self.worker_pids())
+            if workers < self.workers:
+                return f"{workers} of {self.workers} workers up"
+            return None
+
+        wait_ready(probe, timeout=READY_TIMEOUT, what="gunicorn")
 
     def stop(self) -> None:
         if self.process is None or self.process.poll() is not None:
@@ -188,6 +197,26 @@ class Gunicorn:
             if _local_ports(pid) & ports:
                 return pid
         return None
+
+
+def wait_ready(probe: Callable[[], str | None], *, timeout: float, what: str) -> float:
+    """Poll ``probe`` until it reports ready (``None``); return the seconds it took.
+
+    ``probe`` returns why it is not ready yet, or raises ``SetupError`` when it never
+    will be (the process exited). ``timeout`` bounds a server that never comes up; a
+    slow one is waited for as long as it needs below it.
+
+    Raises:
+        SetupError: not ready after ``timeout`` seconds (the last reason is given).
+    """
+    started = time.monotonic()
+    while True:
+        reason = probe() or ""
+        if not reason:
+            return time.monotonic() - started
+        if time.monotonic() - started >= timeout:
+            raise SetupError(f"{what} was not ready after {timeout:.0f} s (last: {reason})")
+        time.sleep(0.1)
 
 
 def _children(parent: int) -> list[int]:

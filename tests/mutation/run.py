@@ -1182,6 +1182,186 @@ MUTANTS: list[Mutant] = [
             "the days it creates ahead are today and later, never that day."
         ),
     ),
+    # drf.py, decorators.py, checks_views.py: protection where it cannot work is refused
+    m(
+        "K1",
+        "drf.py",
+        "        super().__init_subclass__(**kwargs)\n        _refuse_misplaced_mixin(cls)\n",
+        "        super().__init_subclass__(**kwargs)\n",
+        tests=(
+            "tests/test_decorators.py::"
+            "test_the_mixin_after_the_view_class_is_refused_when_the_class_is_defined",
+        ),
+        backends=(SQLITE,),  # decided when the class or the URLconf is built
+        what="IdempotentMixin after the view class in the bases is accepted (protection off)",
+    ),
+    m(
+        "K2",
+        "drf.py",
+        '    return code is None or "super" in code.co_names\n',
+        "    return True\n",
+        tests=(
+            "tests/test_decorators.py::"
+            "test_each_method_the_mixin_overrides_is_checked_when_the_class_is_defined",
+            "tests/test_checks.py::test_e010_protection_that_cannot_work_as_stacked",
+        ),
+        backends=(SQLITE,),  # decided when the class or the URLconf is built
+        what="a method that does not call super() is taken to pass the call on",
+    ),
+    m(
+        "K3",
+        "drf.py",
+        "    if issubclass(cls, View) and not issubclass(cls, APIView):\n",
+        "    if False:\n",
+        tests=("tests/test_decorators.py::test_the_mixin_on_a_django_class_based_view_is_refused",),
+        backends=(SQLITE,),  # decided when the class or the URLconf is built
+        what="IdempotentMixin on a Django class-based view is accepted (never runs)",
+    ),
+    m(
+        "K4",
+        "decorators.py",
+        '    if hasattr(func, "_idempotency_options"):\n        raise TypeError(\n',
+        "    if False:\n        raise TypeError(\n",
+        tests=("tests/test_decorators.py::test_idempotent_over_idempotent_is_refused",),
+        backends=(SQLITE,),  # decided when the class or the URLconf is built
+        what="@idempotent over a view already @idempotent (every key claimed twice)",
+    ),
+    m(
+        "K5",
+        "decorators.py",
+        "        if handler is not None and _closure_options(handler) is not None:\n",
+        "        if False:\n",
+        tests=("tests/test_decorators.py::test_idempotent_over_idempotent_is_refused",),
+        backends=(SQLITE,),  # decided when the class or the URLconf is built
+        what="@idempotent above @api_view over @idempotent accepted",
+    ),
+    m(
+        "K6",
+        "decorators.py",
+        "    if isinstance(func, (staticmethod, classmethod)):\n",
+        "    if False:\n",
+        tests=(
+            "tests/test_decorators.py::"
+            "test_idempotent_above_staticmethod_or_classmethod_is_refused",
+        ),
+        backends=(SQLITE,),  # decided when the class or the URLconf is built
+        what="@idempotent above @staticmethod accepted (wrong arguments at every request)",
+    ),
+    m(
+        "K7",
+        "decorators.py",
+        "    if isinstance(func, type):\n",
+        "    if False:\n",
+        tests=("tests/test_decorators.py::test_idempotent_on_a_class_is_refused",),
+        backends=(SQLITE,),  # decided when the class or the URLconf is built
+        what="@idempotent on a class statement accepted",
+    ),
+    m(
+        "K8",
+        "checks_views.py",
+        '        if not hasattr(getattr(view_class, name, None), "_idempotency_options"):\n'
+        "            continue\n        drf =",
+        "        continue\n        drf =",
+        tests=("tests/test_checks.py::test_e010_protection_that_cannot_work_as_stacked",),
+        backends=(SQLITE,),  # decided when the class or the URLconf is built
+        what="E010 silent on @idempotent on a DRF view's dispatch (claim before auth)",
+    ),
+    m(
+        "K9",
+        "checks_views.py",
+        "        if _idempotent_layers(getattr(view_class, name, None)) > 1:\n",
+        "        if _idempotent_layers(getattr(view_class, name, None)) > 2:\n",
+        tests=("tests/test_checks.py::test_e010_protection_that_cannot_work_as_stacked",),
+        backends=(SQLITE,),  # decided when the class or the URLconf is built
+        what="E010 silent on two @idempotent on one handler through method_decorator",
+    ),
+    m(
+        "K10",
+        "checks_views.py",
+        "    for name, klass in shadowing(view_class):\n",
+        "    for name, klass in []:\n",
+        tests=("tests/test_checks.py::test_e010_protection_that_cannot_work_as_stacked",),
+        backends=(SQLITE,),  # decided when the class or the URLconf is built
+        what="E010 silent on a subclass's initial() without super()",
+    ),
+    m(
+        "K11",
+        "checks_views.py",
+        '    if not getattr(settings, "ROOT_URLCONF", None):\n        return [], None\n',
+        "",
+        tests=(
+            "tests/test_checks.py::test_check_runs_without_a_root_urlconf",
+            "tests/test_checks.py::"
+            "test_manage_py_check_passes_with_a_settings_module_without_root_urlconf",
+        ),
+        backends=(SQLITE,),  # decided when the class or the URLconf is built
+        what="the view checks read a missing ROOT_URLCONF (manage.py check crashes)",
+    ),
+    m(
+        "K12",
+        "checks_views.py",
+        "    except Exception as exc:  # a system check reports, it never crashes the command\n",
+        "    except ImportError as exc:\n",
+        tests=("tests/test_checks.py::test_w009_names_the_error_a_urlconf_raises_while_importing",),
+        backends=(SQLITE,),  # decided when the class or the URLconf is built
+        what="a URLconf raising (not ImportError) while importing crashes the checks",
+    ),
+    # retention.py: what the sweeper reports and keeps
+    m(
+        "K13",
+        "retention.py",
+        "                connection, partition, lock_timeout=LOCK_TIMEOUT\n"
+        "            ):\n"
+        "                report.held.append(partition.name)\n"
+        "                continue\n",
+        "                connection, partition, lock_timeout=LOCK_TIMEOUT\n"
+        "            ):\n"
+        "                pass\n",
+        tests=(
+            "tests/test_sweep_command.py::"
+            "test_a_day_attached_back_during_the_sweep_is_reported_as_held",
+        ),
+        backends=(PG,),
+        what="a day attached back by the sweeper is reported as dropped",
+    ),
+    m(
+        "K14",
+        "retention.py",
+        "        deleted = int(ordered.filter(pk__in=chunk)._raw_delete(using))\n",
+        "        deleted = int(\n"
+        "            queryset.model._default_manager.using(using)\n"
+        "            .filter(pk__in=chunk)._raw_delete(using)\n"
+        "        )\n",
+        tests=(
+            "tests/test_retention_batched_delete.py::"
+            "test_a_late_completion_committed_while_the_delete_waits_for_it_is_kept",
+        ),
+        backends=(PG,),
+        what="the batched DELETE trusts the batch's ids: a record made live meanwhile deleted",
+    ),
+    # example_project/storm: the storm's verdict
+    m(
+        "K15",
+        "../example_project/storm/verdict.py",
+        "    return Verdict(held=not broken, broken=broken, notes=notes)\n",
+        "    return Verdict(held=not broken and not result.clients_gave_up, broken=broken, "
+        "notes=notes)\n",
+        tests=(
+            "tests/test_storm.py::"
+            "test_clients_that_gave_up_are_reported_not_called_a_broken_promise",
+        ),
+        backends=(SQLITE,),
+        what="the storm calls clients that gave up a broken promise",
+    ),
+    m(
+        "K16",
+        "../example_project/storm/verdict.py",
+        "            if not ids <= self.stored.get(str(number), set()):\n",
+        "            if False:\n",
+        tests=("tests/test_storm.py::test_a_duplicate_or_a_wrong_answer_is_a_broken_promise",),
+        backends=(SQLITE,),
+        what="the storm accepts an answer that is not the stored worker",
+    ),
 ]
 
 
