@@ -97,7 +97,9 @@ def execute(
             other than its record's (the write was not sent; the key is released).
     """
     claim, options = proceed.claim, proceed.options
-    context = IdempotencyContext(claim, lease=options.get_lease(), phases=options.phases)
+    context = IdempotencyContext(
+        claim, lease=options.get_lease(), phases=options.phases, request=request
+    )
     attach(request, context)
     try:
         with heartbeat.beating(claim, options.get_lease(), options.get_heartbeat()):

@@ -28,15 +28,20 @@ import threading
 import time
 import uuid
 import weakref
-from contextlib import suppress
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import DatabaseError, OperationalError, connections, transaction
+from django.utils.connection import ConnectionDoesNotExist
 
 from . import _pg
 from ._pg_partitioned import server_port
 from .claims import Claim, Scope
 from .conf import conf
+from .logging import key_hash
 
 logger = logging.getLogger("django_idempotency")
 
@@ -91,13 +96,23 @@ def tests(connection: Any) -> bool:
     return connection.vendor == "postgresql" and conf.owner_presence is not False
 
 
-# The claims whose presence lock is held: owner token -> the DB-API connection (its
-# session holds the lock; a reconnected wrapper's new session holds nothing).
-_held: dict[uuid.UUID, Any] = {}
+@dataclass(frozen=True)
+class _Hold:
+    """A presence lock held: the claim, and the DB-API connection whose session holds it."""
+
+    claim: Claim
+    raw: Callable[[], Any]  # a weak reference: a closed, collected connection holds nothing
+
+
+# The claims whose presence lock is held, by owner token (a reconnected wrapper's new
+# session holds nothing: the lock belongs to the DB-API connection of the claim).
+_held: dict[uuid.UUID, _Hold] = {}
 _held_lock = threading.Lock()
+#: How many entry points (:func:`entry_point`) are running in this thread or task.
+_depth: ContextVar[int] = ContextVar("django_idempotency_entry_points", default=0)
 
 
-def _ref(raw: Any) -> Any:
+def _ref(raw: Any) -> Callable[[], Any]:
     try:
         return weakref.ref(raw)
     except TypeError:
@@ -108,7 +123,7 @@ def hold(claim: Claim) -> None:
     """Note that ``claim``'s session holds its presence lock."""
     raw = connections[claim.using].connection
     with _held_lock:
-        _held[claim.owner_token] = _ref(raw)
+        _held[claim.owner_token] = _Hold(claim, _ref(raw))
 
 
 def dropped(claim: Claim) -> None:
@@ -123,13 +138,22 @@ def holds(claim: Claim) -> bool:
         return claim.owner_token in _held
 
 
-def unlock(using: str, scope: Scope) -> None:
-    """Release the presence lock of ``scope`` held by this thread's session (best effort)."""
+def unlock(using: str, scope: Scope) -> bool:
+    """Release the presence lock of ``scope`` held by this thread's session (best effort).
+
+    Returns:
+        Whether the statement was sent: not on a closed connection (its session, and
+        the lock, are gone) nor in a transaction that can no longer run statements.
+    """
     connection = connections[using]
     if connection.connection is None or connection.needs_rollback:
-        return
-    with suppress(DatabaseError), connection.cursor() as cursor:
-        cursor.execute(_pg.PG_UNLOCK_SQL, _params(scope))
+        return False
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(_pg.PG_UNLOCK_SQL, _params(scope))
+    except DatabaseError:
+        return False
+    return True
 
 
 def ensure_released(claim: Claim) -> None:
@@ -140,14 +164,95 @@ def ensure_released(claim: Claim) -> None:
     that was replaced since (reconnected) held nothing to release.
     """
     with _held_lock:
-        ref = _held.pop(claim.owner_token, None)
-    if ref is None:
+        held = _held.pop(claim.owner_token, None)
+    if held is None:
         return
     connection = connections[claim.using]
-    raw = ref()
+    raw = held.raw()
     if raw is None or connection.connection is not raw:
         return
     unlock(claim.using, claim.scope)
+
+
+def _gone(raw: Any) -> bool:
+    """Whether the DB-API connection ``raw`` was collected or closed (its session ended)."""
+    return raw is None or bool(getattr(raw, "closed", False))
+
+
+def release_leftovers(what: str) -> list[Claim]:
+    """Release the presence locks this thread's sessions hold for claims nobody settles.
+
+    Called when the outermost :func:`entry_point` of a thread or task ends: by then every
+    claim it made was completed, released or suspended, each releasing its lock, so a
+    lock still held is left over (a failure between a claim and its settling statement)
+    and would otherwise stay with a persistent connection (``CONN_MAX_AGE``, a Celery
+    worker) for the life of the process, filling PostgreSQL's shared lock table (sized
+    ``max_locks_per_transaction`` x ``max_connections``) for every application on the
+    server. Each one released is logged at WARNING on the ``django_idempotency`` logger.
+    Locks of sessions that ended (closed connections) are forgotten.
+
+    Args:
+        what: what ended, for the log line (``"request"``, ``"once() block"``).
+
+    Returns:
+        The claims whose lock was released here.
+    """
+    if not _held:  # the common case: every claim released its own
+        return []
+    mine: list[Claim] = []
+    with _held_lock:
+        for token, held in list(_held.items()):
+            raw = held.raw()
+            try:
+                current = connections[held.claim.using].connection
+            except ConnectionDoesNotExist:  # an alias made at run time, removed since
+                current = None
+            if _gone(raw):
+                del _held[token]
+            elif current is raw:
+                del _held[token]
+                mine.append(held.claim)
+    released: list[Claim] = []
+    for claim in mine:
+        if not unlock(claim.using, claim.scope):
+            hold(claim)  # the transaction refuses statements now: the next end retries
+            continue
+        released.append(claim)
+        logger.warning(
+            "the presence lock of a claim was still held when its %s ended: released, so "
+            "this connection holds locks only for claims in flight (endpoint %s, key "
+            "hash %s). Every claim is settled (completed, released or suspended) before "
+            "the request, task or once() block that made it ends: please report this.",
+            what,
+            claim.scope.endpoint,
+            key_hash(claim.scope.key),
+            extra={
+                "principal": claim.scope.principal,
+                "endpoint": claim.scope.endpoint,
+                "key_hash": key_hash(claim.scope.key),
+            },
+        )
+    return released
+
+
+@contextmanager
+def entry_point(what: str) -> Iterator[None]:
+    """The block of an entry point: a view's request, an ``inbox.once`` block, a task.
+
+    When the outermost entry point of this thread or task ends, the presence locks its
+    sessions still hold are released (:func:`release_leftovers`): a connection holds
+    presence locks only for claims in flight on it, whatever failed on the way.
+
+    Args:
+        what: what the block is, for the log line (``"request"``, ``"once() block"``).
+    """
+    token = _depth.set(_depth.get() + 1)
+    try:
+        yield
+    finally:
+        _depth.reset(token)
+        if not _depth.get():
+            release_leftovers(what)
 
 
 def _params(scope: Scope) -> dict[str, str]:
