@@ -98,18 +98,20 @@ def tests(connection: Any) -> bool:
 
 @dataclass(frozen=True)
 class _Hold:
-    """A presence lock held: the claim, and the DB-API connection whose session holds it."""
+    """A presence lock held: the claim, the DB-API connection whose session holds it,
+    and the outermost entry point (:func:`entry_point`) it was taken in, if any."""
 
     claim: Claim
     raw: Callable[[], Any]  # a weak reference: a closed, collected connection holds nothing
+    entry: object | None
 
 
 # The claims whose presence lock is held, by owner token (a reconnected wrapper's new
 # session holds nothing: the lock belongs to the DB-API connection of the claim).
 _held: dict[uuid.UUID, _Hold] = {}
 _held_lock = threading.Lock()
-#: How many entry points (:func:`entry_point`) are running in this thread or task.
-_depth: ContextVar[int] = ContextVar("django_idempotency_entry_points", default=0)
+#: The outermost entry point running in this thread or task (a marker), if any.
+_entry: ContextVar[object | None] = ContextVar("django_idempotency_entry_point", default=None)
 
 
 def _ref(raw: Any) -> Callable[[], Any]:
@@ -123,7 +125,7 @@ def hold(claim: Claim) -> None:
     """Note that ``claim``'s session holds its presence lock."""
     raw = connections[claim.using].connection
     with _held_lock:
-        _held[claim.owner_token] = _Hold(claim, _ref(raw))
+        _held[claim.owner_token] = _Hold(claim, _ref(raw), _entry.get())
 
 
 def dropped(claim: Claim) -> None:
@@ -179,19 +181,21 @@ def _gone(raw: Any) -> bool:
     return raw is None or bool(getattr(raw, "closed", False))
 
 
-def release_leftovers(what: str) -> list[Claim]:
-    """Release the presence locks this thread's sessions hold for claims nobody settles.
+def release_leftovers(entry: object, what: str) -> list[Claim]:
+    """Release the presence locks still held for claims made in the entry point ``entry``.
 
     Called when the outermost :func:`entry_point` of a thread or task ends: by then every
-    claim it made was completed, released or suspended, each releasing its lock, so a
+    claim made in it was completed, released or suspended, each releasing its lock, so a
     lock still held is left over (a failure between a claim and its settling statement)
     and would otherwise stay with a persistent connection (``CONN_MAX_AGE``, a Celery
     worker) for the life of the process, filling PostgreSQL's shared lock table (sized
     ``max_locks_per_transaction`` x ``max_connections``) for every application on the
     server. Each one released is logged at WARNING on the ``django_idempotency`` logger.
-    Locks of sessions that ended (closed connections) are forgotten.
+    Locks of sessions that ended (closed connections) are forgotten; claims made with
+    the store's functions outside any entry point are left to their caller.
 
     Args:
+        entry: the marker of the entry point that ends.
         what: what ended, for the log line (``"request"``, ``"once() block"``).
 
     Returns:
@@ -203,15 +207,12 @@ def release_leftovers(what: str) -> list[Claim]:
     with _held_lock:
         for token, held in list(_held.items()):
             raw = held.raw()
-            try:
-                current = connections[held.claim.using].connection
-            except ConnectionDoesNotExist:  # an alias made at run time, removed since
-                current = None
             if _gone(raw):
                 del _held[token]
-            elif current is raw:
+            elif held.entry is entry:
                 del _held[token]
-                mine.append(held.claim)
+                if _connection_of(held.claim.using) is raw:  # else a session replaced since
+                    mine.append(held.claim)
     released: list[Claim] = []
     for claim in mine:
         if not unlock(claim.using, claim.scope):
@@ -235,24 +236,35 @@ def release_leftovers(what: str) -> list[Claim]:
     return released
 
 
+def _connection_of(using: str) -> Any:
+    """This thread's DB-API connection of alias ``using`` (``None``: not connected)."""
+    try:
+        return connections[using].connection
+    except ConnectionDoesNotExist:  # an alias made at run time, removed since
+        return None
+
+
 @contextmanager
 def entry_point(what: str) -> Iterator[None]:
     """The block of an entry point: a view's request, an ``inbox.once`` block, a task.
 
-    When the outermost entry point of this thread or task ends, the presence locks its
-    sessions still hold are released (:func:`release_leftovers`): a connection holds
-    presence locks only for claims in flight on it, whatever failed on the way.
+    When the outermost entry point of this thread or task ends, the presence locks still
+    held for claims made in it are released (:func:`release_leftovers`): a connection
+    holds presence locks only for claims in flight on it, whatever failed on the way.
 
     Args:
         what: what the block is, for the log line (``"request"``, ``"once() block"``).
     """
-    token = _depth.set(_depth.get() + 1)
+    if _entry.get() is not None:  # inside another entry point: the outermost one sweeps
+        yield
+        return
+    entry = object()
+    token = _entry.set(entry)
     try:
         yield
     finally:
-        _depth.reset(token)
-        if not _depth.get():
-            release_leftovers(what)
+        _entry.reset(token)
+        release_leftovers(entry, what)
 
 
 def _params(scope: Scope) -> dict[str, str]:

@@ -131,3 +131,26 @@ def test_a_duplicate_of_a_delegating_view_in_flight_gets_409(alice, gate):
         gate_obj.opened.set()
     assert original.status_code == 201, original.content
     assert gate_obj.calls == 1 and Widget.objects.filter(name="delegate-inner").count() == 1
+
+
+def test_a_request_routed_while_the_view_runs_is_a_request_of_its_own(api, alice, key):
+    """A request with the same key that Django's URL resolver routes while the view runs
+    (here the test client called from inside the view, as an in-process client would)
+    is not part of the view's execution: it is a duplicate, answered 409, and the view
+    runs once."""
+    from tests.conftest import client_for
+
+    answers: list[int] = []
+
+    def duplicate(request: Any) -> None:
+        HOOKS.pop("during_view")
+        answers.append(
+            client_for(alice)
+            .post("/widgets", {"name": "a"}, format="json", HTTP_IDEMPOTENCY_KEY=key)
+            .status_code
+        )
+
+    HOOKS["during_view"] = duplicate
+    response = api.post("/widgets", {"name": "a"}, format="json", HTTP_IDEMPOTENCY_KEY=key)
+    assert response.status_code == 201 and answers == [409]
+    assert Widget.objects.count() == 1
