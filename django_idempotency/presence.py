@@ -98,8 +98,11 @@ def tests(connection: Any) -> bool:
 
 @dataclass(frozen=True)
 class _Hold:
-    """A presence lock held: the claim, the DB-API connection whose session holds it,
-    and the outermost entry point (:func:`entry_point`) it was taken in, if any."""
+    """A presence lock held.
+
+    The claim, the DB-API connection whose session holds the lock, and the outermost
+    entry point (:func:`entry_point`) it was taken in, if any.
+    """
 
     claim: Claim
     raw: Callable[[], Any]  # a weak reference: a closed, collected connection holds nothing
@@ -237,7 +240,7 @@ def release_leftovers(entry: object, what: str) -> list[Claim]:
 
 
 def _connection_of(using: str) -> Any:
-    """This thread's DB-API connection of alias ``using`` (``None``: not connected)."""
+    """The DB-API connection of alias ``using`` in this thread (``None``: not connected)."""
     try:
         return connections[using].connection
     except ConnectionDoesNotExist:  # an alias made at run time, removed since
