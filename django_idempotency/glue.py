@@ -101,7 +101,9 @@ def run(
 
     A view called by the running idempotent view with the same scope (principal,
     endpoint, key) runs as part of that view's execution: ``call`` is run as is, and
-    its response returned unrendered (docs/faq.md).
+    its response returned unrendered (docs/faq.md). The call is an entry point
+    (``presence.entry_point``): presence locks its claims leave held are released when
+    it ends.
 
     Raises:
         rest_framework.exceptions.NotAcceptable: no renderer fits the request's

@@ -15,6 +15,12 @@ retention window like a view's (docs/retention.md).
 * :func:`idempotent_call`, a decorator, for a function whose arguments carry the key;
 * ``django_idempotency.celery_tasks`` builds Celery tasks on :func:`idempotent_call`.
 
+What the body does to its transaction is its outcome, as for a view: a body that marks
+it for rollback (``transaction.set_rollback(True)``, or on PostgreSQL a database error
+caught without a savepoint) has its result returned unstored and the key released. A
+block opened inside a running block or view with the same scope is part of it
+(``context.running``): it runs, and the outer one stores the result.
+
 Inside the body, ``django_idempotency.context.current()`` is the attempt's context
 (``extend_lease()``, ``derive_key()``; ``outbox.enqueue`` links its messages to the
 record and derives their dedup keys from it), as in a view.
@@ -101,7 +107,7 @@ class Attempt:
 
     @property
     def taken_over(self) -> bool:
-        """Whether this attempt took over the expired claim of a crashed earlier one."""
+        """Whether this attempt took over an earlier one's claim (``context.takeover_cause``)."""
         return self.context is not None and self.context.taken_over
 
     def extend_lease(self, seconds: float | None = None) -> bool:
@@ -201,6 +207,13 @@ def once(
             runs in a transaction on it, and its writes to any other database are
             refused (``write_guard.CrossDatabaseWrite``, docs/deployment.md).
 
+    A block that leaves its transaction unable to commit (``transaction.set_rollback``,
+    a PostgreSQL error caught without a savepoint) ends the ``with`` statement normally
+    with nothing stored and the key released (``attempt.result`` as the block left it).
+    Called inside a running block or view that claimed the same scope on ``using``, the
+    block is part of that execution: it runs, nothing is claimed or stored for it, and
+    ``attempt.context`` is the running one's (docs/inbox.md).
+
     Raises:
         extractors.InvalidKey: the key, principal or endpoint is unusable.
         TypeError: the payload is not JSON.
@@ -212,7 +225,9 @@ def once(
         store.LeaseLost: the lease ran out and another call took the key over while
             the block ran (rolled back).
         django.db.DatabaseError: the store failed (nothing claimed, or rolled back).
-        Whatever the block raised, after rolling back and releasing the key.
+        Whatever the block raised (``SystemExit`` and ``KeyboardInterrupt`` included),
+        after rolling back and releasing the key; whatever a ``claimed`` signal
+        receiver raised, before the block ran, the key released.
     """
     max_length = min(conf.max_key_length, _COLUMN)
     key = extractors.check_key(key, where="the key argument", max_length=max_length)

@@ -16,6 +16,12 @@ free, so a session lock would stay behind on one of them: the owner then takes n
 direct is the ``OWNER_PRESENCE`` setting: ``"auto"`` (default), ``True`` or ``False``
 (:func:`takes`).
 
+A connection holds presence locks only for the claims in flight on it: each request,
+``inbox.once`` block and Celery task body runs as an :func:`entry_point`, and when the
+outermost one ends, a lock still held for a claim made in it (a failure between the
+claim and its settling statement) is released and logged (:func:`release_leftovers`),
+so locks never pile up on a persistent connection in PostgreSQL's shared lock table.
+
 This module also holds the waiting duplicates' side (:func:`wait_for_owner`): with
 ``wait=`` > 0 a duplicate queues for the owner's lock (bounded by ``lock_timeout``)
 instead of polling, and is woken when the owner completes.

@@ -58,6 +58,18 @@ def test_an_exception_rolls_back_and_releases_so_a_retry_runs_again():
     assert Widget.objects.count() == 1
 
 
+@pytest.mark.parametrize("stop", [SystemExit, KeyboardInterrupt])
+def test_a_block_stopped_by_systemexit_or_keyboardinterrupt_releases_its_key(stop):
+    """A worker shut down mid-block (``SystemExit`` from a signal handler, Ctrl-C) rolls
+    the block back and releases the key, as any exception does: the next call runs the
+    block at once instead of waiting out the lease (``InFlight``)."""
+    with pytest.raises(stop), inbox.once("evt-stop", payload={"amount": 5}, **SCOPE):
+        Widget.objects.create(name="interrupted")
+        raise stop()
+    assert Widget.objects.count() == 0 and IdempotencyRecord.objects.count() == 0
+    assert apply("evt-stop") == {"widget": Widget.objects.get().pk, "amount": 5}
+
+
 def test_the_same_key_with_another_payload_is_key_reused():
     apply("evt-3", amount=5)
     with pytest.raises(inbox.KeyReused):

@@ -52,12 +52,14 @@ def _direct() -> bool:
 class Owner:
     """A claim held by another process, which the test can stop, continue or kill."""
 
-    def __init__(self, scope: store.Scope, *, lease: float, mode: str = "auto") -> None:
+    def __init__(
+        self, scope: store.Scope, *, lease: float, mode: str = "auto", fingerprint: str = FP
+    ) -> None:
         env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
         env.update(DATABASE_URL=database_url(), IDEMPOTENCY_OWNER_PRESENCE=mode)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "tests.presence_owner", scope.principal, scope.endpoint,
-             scope.key, FP, str(lease)],
+             scope.key, fingerprint, str(lease)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
         )  # fmt: skip
         assert self.process.stdout is not None
@@ -563,3 +565,40 @@ def test_a_presence_takeover_is_logged_as_one(record_table, owners, caplog):
     assert "database session ended while its lease was live" in line.getMessage()
     assert "expired" not in line.getMessage()
     store.release(decision.claim)  # type: ignore[union-attr]
+
+
+def _fingerprint_of_post(path: str, body: dict[str, Any]) -> str:
+    """The fingerprint of ``POST path`` with JSON ``body``, as a view computes it."""
+    from rest_framework.test import APIRequestFactory
+
+    from django_idempotency import fingerprint
+    from django_idempotency.options import Options
+
+    options = Options()
+    return fingerprint.compute(
+        APIRequestFactory().post(path, body, format="json"),
+        exclude=options.get_fingerprint_exclude(),
+        headers=options.get_fingerprint_headers(),
+    )
+
+
+@pg_only
+def test_a_presence_takeover_refuses_a_request_with_another_body(record_table, owners):
+    """The owner of a key died mid-request while its lease was live. A retry with
+    another body under that key is a key reused (422 ``key-reused``), exactly as after
+    the lease ran out: presence never lets another request take the claim over; the
+    retry of the same request takes it over at once and runs (201)."""
+    if not _direct():
+        pytest.skip("behind a pooler the lease decides")
+    token = TokenFactory(user__username="presence-body")
+    key = str(uuid.uuid4())
+    scope = store.Scope(f"auth.user:{token.user.pk}", "POST /widgets", key)
+    owner = Owner(scope, lease=300, fingerprint=_fingerprint_of_post("/widgets", {"name": "a"}))
+    owners.append(owner)
+    owner.kill()
+    other = _post(token.key, "/widgets", key, {"name": "b"})
+    assert other.status_code == 422, other.content
+    assert other.json()["type"].endswith("#key-reused")
+    same = _post(token.key, "/widgets", key, {"name": "a"})
+    assert same.status_code == 201, same.content
+    assert list(Widget.objects.values_list("name", flat=True)) == ["a"]
