@@ -224,8 +224,21 @@ def release_leftovers(entry: object, what: str) -> list[Claim]:
                     mine.append(held.claim)
     released: list[Claim] = []
     for claim in mine:
-        if not unlock(claim.using, claim.scope):
-            hold(claim)  # the transaction refuses statements now: the next end retries
+        extra = {
+            "principal": claim.scope.principal,
+            "endpoint": claim.scope.endpoint,
+            "key_hash": key_hash(claim.scope.key),
+        }
+        if not unlock(claim.using, claim.scope):  # a doomed transaction refuses statements
+            logger.error(
+                "the presence lock of a claim was still held when its %s ended and could "
+                "not be released (endpoint %s, key hash %s): it goes when the connection "
+                "closes",
+                what,
+                claim.scope.endpoint,
+                key_hash(claim.scope.key),
+                extra=extra,
+            )
             continue
         released.append(claim)
         logger.warning(
@@ -236,11 +249,7 @@ def release_leftovers(entry: object, what: str) -> list[Claim]:
             what,
             claim.scope.endpoint,
             key_hash(claim.scope.key),
-            extra={
-                "principal": claim.scope.principal,
-                "endpoint": claim.scope.endpoint,
-                "key_hash": key_hash(claim.scope.key),
-            },
+            extra=extra,
         )
     return released
 

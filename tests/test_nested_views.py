@@ -71,10 +71,12 @@ def test_a_delegated_view_with_a_request_of_its_own_runs_under_the_outer_claim(a
 def test_a_delegated_view_of_another_scope_commits_its_record_with_the_outer(api):
     """An inner view with an endpoint of its own is a claim of its own, made in the
     outer's transaction: both records commit together with both views' writes, and when
-    the outer view releases its key, the inner's record and writes roll back with it."""
+    the outer view releases its key, the inner's record and writes roll back with it.
+    Once the inner view returned, the outer's ``request.idempotency`` is its own again."""
     key = str(uuid.uuid4())
     response = api.post("/delegate/other-endpoint", {}, format="json", HTTP_IDEMPOTENCY_KEY=key)
-    assert response.status_code == 201 and response.json() == {"inner": 201}
+    assert response.status_code == 201
+    assert response.json() == {"inner": 201, "endpoint": "POST /delegate/other-endpoint"}
     assert _records() == [
         ("POST /delegate/inner-endpoint", RecordState.COMPLETED),
         ("POST /delegate/other-endpoint", RecordState.COMPLETED),

@@ -1402,6 +1402,17 @@ MUTANTS: list[Mutant] = [
         ),
         what="after a crashed claim, another body with an unrenderable Accept gets 406",
     ),
+    m(
+        "CL22",
+        "execution.py",
+        "        if isinstance(caller, IdempotencyContext):  # the caller's own again\n"
+        "            attach(request, caller)\n",
+        "",
+        tests=(
+            f"{NESTED}::test_a_delegated_view_of_another_scope_commits_its_record_with_the_outer",
+        ),
+        what="the caller's request.idempotency stays the inner view's (another scope)",
+    ),
 ]
 
 

@@ -624,7 +624,8 @@ def delegate_other_endpoint(request):
     """Calls a view of another scope, then answers the status asked for in the body."""
     inner = other_endpoint_inner(request)
     Widget.objects.create(name="other-endpoint-outer")
-    return Response({"inner": inner.status_code}, status=int(request.data.get("status", 201)))
+    body = {"inner": inner.status_code, "endpoint": request.idempotency.endpoint}
+    return Response(body, status=int(request.data.get("status", 201)))
 
 
 DELEGATE_PHASES = ["charged", "shipped"]
