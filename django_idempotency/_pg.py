@@ -122,7 +122,8 @@ PG_FETCH_SQL = f"""
 SELECT false AS won, id, owner_token, state, fingerprint, recovery_point,
        EXTRACT(EPOCH FROM lease_until - {_NOW})::float8 AS lease_remaining,
        expires_at <= {_NOW} AS expired,
-       response_status, response_headers, response_body, owner_pid
+       response_status, response_headers, response_body, owner_pid,
+       lease_until = created_at AS ended_by_operator
 FROM {_T}
 WHERE principal = %(principal)s AND endpoint = %(endpoint)s AND key = %(key)s
 """
@@ -224,20 +225,26 @@ WHERE id = %(id)s AND owner_token = %(token)s AND state = 'claimed'
 #: old owner that still holds it leaves the new claim without one (``owner_pid`` NULL).
 #: ``SKIP LOCKED``: a row locked by a stalled owner's open transaction (its completion
 #: or phase written, not yet committed) is never waited for; the caller answers 409.
+#: ``by_operator``: the lease had not run out but was ended by an operator
+#: (``operators.end_leases`` sets ``lease_until`` to ``created_at``, which no lease
+#: can be: leases are positive and heartbeats only move them later).
 PG_TAKEOVER_SQL = f"""
+WITH stale AS (
+    SELECT id, lease_until = created_at AS by_operator FROM {_T}
+    WHERE id = %(id)s AND state = 'claimed' AND owner_token = %(token)s
+      AND recovery_point = %(recovery_point)s AND lease_until <= {_NOW}
+    FOR UPDATE SKIP LOCKED
+)
 UPDATE {_T} r SET owner_token = %(new_token)s,
     lease_until = {_NOW} + %(lease)s * interval '1 second',
     expires_at = GREATEST(r.expires_at, {_NOW} + %(lease)s * interval '1 second'),
     owner_pid = CASE WHEN %(take)s AND pg_try_advisory_xact_lock({presence_key("r.")})
                 THEN pg_backend_pid() END
-WHERE id = (
-    SELECT id FROM {_T}
-    WHERE id = %(id)s AND state = 'claimed' AND owner_token = %(token)s
-      AND recovery_point = %(recovery_point)s AND lease_until <= {_NOW}
-    FOR UPDATE SKIP LOCKED
-)
+FROM stale
+WHERE r.id = stale.id
 RETURNING CASE WHEN r.owner_pid IS NOT NULL
-          THEN pg_try_advisory_lock({presence_key("r.")}) ELSE false END AS present
+          THEN pg_try_advisory_lock({presence_key("r.")}) ELSE false END AS present,
+          stale.by_operator
 """
 
 #: Forget a record past its window and its lease (the plain table), never waiting on

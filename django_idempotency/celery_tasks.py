@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 
 from celery import current_task, shared_task  # type: ignore[import-untyped]
 
+from . import presence
 from .inbox import ArgsCallable, InFlight, idempotent_call
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -89,7 +90,8 @@ def idempotent_task(
         @wraps(func)
         def task_body(*args: Any, **kwargs: Any) -> Any:
             try:
-                return inner(*args, **kwargs)
+                with presence.entry_point("task"):
+                    return inner(*args, **kwargs)
             except InFlight as exc:
                 task = current_task
                 wrapped = getattr(task, "__wrapped__", None)

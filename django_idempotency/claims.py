@@ -16,6 +16,15 @@ from .models import RecordState
 
 Headers = list[tuple[str, str]]
 
+#: Why a claim was taken over (``Claim.takeover_cause``; docs/observability.md).
+#: The earlier owner's database session ended while its lease was live (owner presence).
+BY_PRESENCE = "presence"
+#: The earlier attempt's lease ran out (it crashed, stalled, or ended its lease itself
+#: when it failed after a phase).
+BY_LEASE = "lease"
+#: An operator ended the earlier attempt's lease (``operators.end_leases``, the admin).
+BY_OPERATOR = "operator"
+
 
 class LeaseLost(DatabaseError):
     """The fenced completion updated no row: another request took over the key."""
@@ -70,7 +79,9 @@ class Claim:
     the earlier owner's session was gone (docs/robustness.md#owner-presence).
     ``sweep_after``: the record's partition key as an aware UTC datetime, whatever
     ``USE_TZ`` is, when the partitioned claim returned it (the completion then touches
-    one day partition); ``None`` elsewhere.
+    one day partition); ``None`` elsewhere. ``takeover_cause``: why the claim was taken
+    over (:data:`BY_PRESENCE`, :data:`BY_LEASE` or :data:`BY_OPERATOR`), as the claim's
+    statement found it; ``""`` for a claim that took over nothing.
     """
 
     scope: Scope
@@ -84,6 +95,7 @@ class Claim:
     present: bool = False
     by_presence: bool = False
     sweep_after: dt.datetime | None = None
+    takeover_cause: str = ""
 
 
 @dataclass(frozen=True)
@@ -93,6 +105,7 @@ class Existing:
     ``lease_remaining`` is in seconds (negative once the lease ran out); ``expired``
     says the retention window is over; ``response`` is set once completed.
     ``owner_pid`` is set when the owner's session holds the presence lock.
+    ``ended_by_operator``: an operator ended the claim's lease (``operators.end_leases``).
     """
 
     record_id: int
@@ -104,6 +117,7 @@ class Existing:
     owner_token: uuid.UUID | None = None
     recovery_point: str = ""
     owner_pid: int | None = None
+    ended_by_operator: bool = False
 
     @property
     def completed(self) -> bool:

@@ -7,6 +7,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
+from typing import Any
 
 from django.db import transaction
 
@@ -23,6 +24,40 @@ def current() -> IdempotencyContext | None:
     return _current.get()
 
 
+def running(scope: store.Scope, using: str, request: Any = None) -> IdempotencyContext | None:
+    """The running execution (view or ``inbox.once`` block) a new call is part of.
+
+    A call made by the running execution's code with the scope that execution claimed
+    (the same principal, endpoint and key, on the same database) is part of it
+    (docs/faq.md): a view called with the running view's request, or with a request
+    the code built itself, or a ``once()`` block. A request that Django's URL resolver
+    routed while the execution runs (an in-process client's, e.g. the test client
+    called from a view) is a request of its own, never part of it.
+
+    Args:
+        scope: the scope the call is about to claim.
+        using: the database alias of its record.
+        request: the call's request (a Django ``HttpRequest`` or a DRF ``Request``),
+            ``None`` for a ``once()`` block.
+
+    Returns:
+        The context of the running execution of this thread or task, or of one it was
+        called from, that the call is part of; ``None`` when there is none.
+    """
+    context = _current.get()
+    if context is None:
+        return None
+    http = getattr(request, "_request", request)
+    while context is not None:
+        claim = context.claim
+        if claim.scope == scope and claim.using == using:
+            if http is None or http is context._request:
+                return context
+            return None if getattr(http, "resolver_match", None) is not None else context
+        context = context._caller
+    return None
+
+
 class IdempotencyContext:
     """Attached to the request as ``request.idempotency`` while an idempotent view runs.
 
@@ -30,24 +65,39 @@ class IdempotencyContext:
         key: the client's idempotency key.
         principal: the principal the record is scoped to.
         endpoint: the endpoint the record is scoped to (``"POST /v1/workers"``).
-        taken_over: ``True`` when an earlier attempt's expired lease was taken over.
+        taken_over: ``True`` when an earlier attempt's claim was taken over.
+        takeover_cause: why it could be: ``"presence"`` (the earlier attempt's database
+            session ended while its lease was live), ``"lease"`` (its lease expired) or
+            ``"operator"`` (an operator ended its lease); ``""`` when not taken over.
         recovery_point: the last phase finished, by an earlier attempt or by this one
             (``""``: none). Updated as this request's phases commit.
         phases: the phases the view declared, in order (``()``: not a phased view).
         open_phase: the phase whose transaction is open now (``""``: none).
     """
 
-    def __init__(self, claim: store.Claim, *, lease: float, phases: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        claim: store.Claim,
+        *,
+        lease: float,
+        phases: tuple[str, ...] = (),
+        request: Any = None,
+    ) -> None:
         self._claim = claim
+        #: The Django request the claim was made for (``None`` for a ``once()`` block).
+        self._request = getattr(request, "_request", request)
         self._lease = lease
         self.key = claim.scope.key
         self.principal = claim.scope.principal
         self.endpoint = claim.scope.endpoint
         self.taken_over = claim.taken_over
+        self.takeover_cause = claim.takeover_cause
         self.recovery_point = claim.recovery_point
         self.phases = phases
         self.open_phase = ""
         self._outbox_counts: dict[tuple[str, str], int] = {}
+        #: The running execution this one was called from, while it is active.
+        self._caller: IdempotencyContext | None = None
 
     @property
     def claim(self) -> store.Claim:
@@ -132,11 +182,13 @@ class IdempotencyContext:
     @contextmanager
     def activated(self) -> Iterator[IdempotencyContext]:
         """Make this the :func:`current` context inside the block."""
+        self._caller = _current.get()
         token = _current.set(self)
         try:
             yield self
         finally:
             _current.reset(token)
+            self._caller = None
 
 
 class UnprotectedContext:

@@ -97,13 +97,18 @@ def execute(
             other than its record's (the write was not sent; the key is released).
     """
     claim, options = proceed.claim, proceed.options
-    context = IdempotencyContext(claim, lease=options.get_lease(), phases=options.phases)
+    context = IdempotencyContext(
+        claim, lease=options.get_lease(), phases=options.phases, request=request
+    )
+    caller = getattr(request, "idempotency", None)  # a calling view's, on its request
     attach(request, context)
     try:
         with heartbeat.beating(claim, options.get_lease(), options.get_heartbeat()):
             return _execute(context, options, call, finalize, proceed.view_name)
     finally:
         presence.ensure_released(claim)  # the settling statement normally did it
+        if isinstance(caller, IdempotencyContext):  # the caller's own again
+            attach(request, caller)
 
 
 def _execute(

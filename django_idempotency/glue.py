@@ -99,17 +99,41 @@ def run(
 ) -> HttpResponseBase:
     """Run ``call`` (the view) under the idempotency protocol and return the response.
 
+    A view called by the running idempotent view with the same scope (principal,
+    endpoint, key) runs as part of that view's execution: ``call`` is run as is, and
+    its response returned unrendered (docs/faq.md). The call is an entry point
+    (``presence.entry_point``): presence locks its claims leave held are released when
+    it ends.
+
     Raises:
         rest_framework.exceptions.NotAcceptable: no renderer fits the request's
             ``Accept`` and the view would have to run (a replay, 409 or 422 is
             answered whatever the ``Accept``); nothing was claimed.
     """
+    with presence.entry_point("request"):
+        return _run(request, options, view_name, call, finalize)
+
+
+def _run(
+    request: Any,
+    options: Options,
+    view_name: str,
+    call: Callable[[], HttpResponseBase],
+    finalize: Callable[[HttpResponseBase], HttpResponseBase],
+) -> HttpResponseBase:
     not_acceptable = getattr(request, NOT_ACCEPTABLE, None)
     decision = protocol.begin(request, options, view_name=view_name, may_run=not_acceptable is None)
     if isinstance(decision, protocol.Respond):
         return decision.response
-    if not_acceptable is not None and isinstance(decision, (protocol.CannotRun, protocol.Bypass)):
+    if not_acceptable is not None and isinstance(
+        decision, (protocol.CannotRun, protocol.Bypass, protocol.Nested)
+    ):
         raise not_acceptable  # the view would have to run: DRF's 406
+    if isinstance(decision, protocol.Nested):
+        # Called by the running view with the same scope: part of its execution, in its
+        # transaction; that view renders, stores or releases what this one returns.
+        execution.attach(request, decision.context)
+        return call()
     if isinstance(decision, protocol.Bypass):
         # A phased view without a key (key optional) runs its phases unprotected.
         unprotected = None

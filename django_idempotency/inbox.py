@@ -15,6 +15,12 @@ retention window like a view's (docs/retention.md).
 * :func:`idempotent_call`, a decorator, for a function whose arguments carry the key;
 * ``django_idempotency.celery_tasks`` builds Celery tasks on :func:`idempotent_call`.
 
+What the body does to its transaction is its outcome, as for a view: a body that marks
+it for rollback (``transaction.set_rollback(True)``, or on PostgreSQL a database error
+caught without a savepoint) has its result returned unstored and the key released. A
+block opened inside a running block or view with the same scope is part of it
+(``context.running``): it runs, and the outer one stores the result.
+
 Inside the body, ``django_idempotency.context.current()`` is the attempt's context
 (``extend_lease()``, ``derive_key()``; ``outbox.enqueue`` links its messages to the
 record and derives their dedup keys from it), as in a view.
@@ -25,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import wraps
@@ -32,11 +39,13 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError, InterfaceError, transaction
 
-from . import extractors, presence, signals, store, write_guard
+from . import extractors, presence, signals, store, transactions, write_guard
 from .conf import conf
-from .context import IdempotencyContext
+from .context import IdempotencyContext, running
 from .logging import key_hash
 from .protocol import _fit
+
+logger = logging.getLogger("django_idempotency")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -98,7 +107,7 @@ class Attempt:
 
     @property
     def taken_over(self) -> bool:
-        """Whether this attempt took over the expired claim of a crashed earlier one."""
+        """Whether this attempt took over an earlier one's claim (``context.takeover_cause``)."""
         return self.context is not None and self.context.taken_over
 
     def extend_lease(self, seconds: float | None = None) -> bool:
@@ -198,6 +207,13 @@ def once(
             runs in a transaction on it, and its writes to any other database are
             refused (``write_guard.CrossDatabaseWrite``, docs/deployment.md).
 
+    A block that leaves its transaction unable to commit (``transaction.set_rollback``,
+    a PostgreSQL error caught without a savepoint) ends the ``with`` statement normally
+    with nothing stored and the key released (``attempt.result`` as the block left it).
+    Called inside a running block or view that claimed the same scope on ``using``, the
+    block is part of that execution: it runs, nothing is claimed or stored for it, and
+    ``attempt.context`` is the running one's (docs/inbox.md).
+
     Raises:
         extractors.InvalidKey: the key, principal or endpoint is unusable.
         TypeError: the payload is not JSON.
@@ -209,7 +225,9 @@ def once(
         store.LeaseLost: the lease ran out and another call took the key over while
             the block ran (rolled back).
         django.db.DatabaseError: the store failed (nothing claimed, or rolled back).
-        Whatever the block raised, after rolling back and releasing the key.
+        Whatever the block raised (``SystemExit`` and ``KeyboardInterrupt`` included),
+        after rolling back and releasing the key; whatever a ``claimed`` signal
+        receiver raised, before the block ran, the key released.
     """
     max_length = min(conf.max_key_length, _COLUMN)
     key = extractors.check_key(key, where="the key argument", max_length=max_length)
@@ -222,45 +240,100 @@ def once(
     lease = conf.lease if lease is None else float(lease)
     retention = conf.retention if retention is None else float(retention)
     using = using or store.database_for_write()
-    found = store.claim(scope, fp, lease=lease, retention=retention, using=using)
-    if isinstance(found, store.Existing):
-        if found.fingerprint != fp:
-            signals.mismatched.send(scope.endpoint, **_kw(scope))
-            raise KeyReused(
-                f"{scope.endpoint}: this idempotency key was already used with a different "
-                "payload; use a new key for new work"
-            )
-        if found.response is None:
-            signals.in_flight.send(scope.endpoint, **_kw(scope))
-            raise InFlight(scope.endpoint, found.lease_remaining)
-        signals.replayed.send(scope.endpoint, status=found.response.status, **_kw(scope))
-        stored = json.loads(found.response.body) if found.response.replayable else None
-        yield Attempt(done=True, result=stored, context=None)
+    outer = running(scope, using)
+    if outer is not None:
+        # Called by the running block (or view) that claimed this very scope: part of
+        # its execution, in its transaction; that one stores the result.
+        yield Attempt(done=False, result=None, context=outer)
         return
-    claim = found
-    signals.claimed.send(scope.endpoint, taken_over=claim.taken_over, **_kw(scope))
-    context = IdempotencyContext(claim, lease=lease)
-    attempt = Attempt(done=False, result=None, context=context)
-    try:
-        with (
-            context.activated(),
-            transaction.atomic(using=using),
-            write_guard.guard(scope.endpoint, scope.endpoint, using, kind="block") as guard,
-        ):
-            yield attempt
-            guard.check()  # a refused write the body caught still fails the attempt
-            body = encode_result(attempt.result)
-            attempt.result = json.loads(body)  # what every later call gets, too
-            store.complete(claim, store.StoredResponse(_RESULT_STATUS, _RESULT_HEADERS, body))
-    except store.LeaseLost:
-        signals.fenced.send(scope.endpoint, **_kw(scope))
-        raise
-    except BaseException:
-        _release(claim)
-        raise
-    finally:
-        presence.ensure_released(claim)  # the settling statement normally did it
-    signals.completed.send(scope.endpoint, status=_RESULT_STATUS, **_kw(scope))
+    with presence.entry_point("once() block"):
+        found = store.claim(scope, fp, lease=lease, retention=retention, using=using)
+        if isinstance(found, store.Existing):
+            yield _existing(scope, fp, found)
+            return
+        claim = found
+        try:
+            signals.claimed.send(
+                scope.endpoint,
+                taken_over=claim.taken_over,
+                presence=claim.by_presence,
+                cause=claim.takeover_cause,
+                **_kw(scope),
+            )
+        except BaseException:  # a receiver failed: the block will not run
+            store.abandon(claim)  # nothing ran: the key is free for a retry at once
+            raise
+        context = IdempotencyContext(claim, lease=lease)
+        attempt = Attempt(done=False, result=None, context=context)
+        try:
+            with (
+                context.activated(),
+                transaction.atomic(using=using),
+                write_guard.guard(scope.endpoint, scope.endpoint, using, kind="block") as guard,
+            ):
+                yield attempt
+                guard.check()  # a refused write the body caught still fails the attempt
+                doomed = transactions.doomed(using)
+                if doomed:  # the block's own choice: nothing of it can commit
+                    raise _Doomed(doomed)
+                body = encode_result(attempt.result)
+                attempt.result = json.loads(body)  # what every later call gets, too
+                store.complete(claim, store.StoredResponse(_RESULT_STATUS, _RESULT_HEADERS, body))
+        except _Doomed as doomed_block:
+            _log_doomed(scope, doomed_block.reason)
+            _release(claim)
+            return
+        except store.LeaseLost:
+            signals.fenced.send(scope.endpoint, **_kw(scope))
+            raise
+        except BaseException:
+            _release(claim)
+            raise
+        finally:
+            presence.ensure_released(claim)  # the settling statement normally did it
+        signals.completed.send(scope.endpoint, status=_RESULT_STATUS, **_kw(scope))
+
+
+class _Doomed(Exception):
+    """The block left its transaction unable to commit (``reason``: ``transactions.doomed``)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def _existing(scope: store.Scope, fp: str, found: store.Existing) -> Attempt:
+    """The attempt of a call whose key stands claimed or completed (or an error)."""
+    if found.fingerprint != fp:
+        signals.mismatched.send(scope.endpoint, **_kw(scope))
+        raise KeyReused(
+            f"{scope.endpoint}: this idempotency key was already used with a different "
+            "payload; use a new key for new work"
+        )
+    if found.response is None:
+        signals.in_flight.send(scope.endpoint, **_kw(scope))
+        raise InFlight(scope.endpoint, found.lease_remaining)
+    signals.replayed.send(scope.endpoint, status=found.response.status, **_kw(scope))
+    stored = json.loads(found.response.body) if found.response.replayable else None
+    return Attempt(done=True, result=stored, context=None)
+
+
+def _log_doomed(scope: store.Scope, reason: str) -> None:
+    """Log a block whose result is not stored because its transaction is doomed."""
+    extra = {"principal": scope.principal, "endpoint": scope.endpoint}
+    if reason == "rollback":  # deliberate: transaction.set_rollback(True)
+        logger.info(
+            "the once() block marked its transaction for rollback: its result is not "
+            "stored and the key released",
+            extra=extra,
+        )
+        return
+    logger.warning(
+        "the once() block caught a database error without a savepoint, which aborted its "
+        "transaction: nothing was committed, its result is not stored and the key "
+        "released. Wrap the statement that may fail in transaction.atomic().",
+        extra=extra,
+    )
 
 
 ArgsCallable = Callable[..., Any]

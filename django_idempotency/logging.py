@@ -7,7 +7,10 @@ One line per decision on the ``django_idempotency.events`` logger, with these
   ``fenced``, ``released``, ``completed`` or ``store_failed``;
 * ``endpoint``: ``"POST /v1/workers"``; ``principal``: ``"auth.user:42"``;
 * ``status``: the HTTP status answered or stored (``None`` when the view raised);
-* ``key_hash``: :func:`key_hash` of the key. The key itself is never logged.
+* ``key_hash``: :func:`key_hash` of the key. The key itself is never logged;
+* ``cause``, on ``taken_over`` lines only: why the earlier attempt's claim could be
+  taken over, ``presence`` (its database session ended while its lease was live),
+  ``lease`` (its lease expired) or ``operator`` (an operator ended its lease).
 
 Levels: DEBUG for claims, INFO for replays, completions, releases and 409s, WARNING
 for 422s, takeovers and fenced rollbacks, ERROR for store failures. The receivers are
@@ -39,7 +42,12 @@ def key_hash(key: str) -> str:
 
 
 def _log(
-    level: int, event: str, status: int | None, kwargs: dict[str, Any], note: str = ""
+    level: int,
+    event: str,
+    status: int | None,
+    kwargs: dict[str, Any],
+    note: str = "",
+    **fields: Any,
 ) -> None:
     if not logger.isEnabledFor(level):
         return
@@ -49,6 +57,7 @@ def _log(
         "principal": kwargs.get("principal", ""),
         "status": status,
         "key_hash": kwargs.get("key_hash", ""),
+        **fields,
     }
     logger.log(
         level,
@@ -62,9 +71,26 @@ def _log(
     )
 
 
-def _claimed(sender: Any, *, taken_over: bool = False, **kwargs: Any) -> None:
+#: What a ``taken_over`` line says about each cause (``claims.BY_*``).
+_TAKEOVER_NOTES = {
+    "presence": " (the earlier attempt's database session ended while its lease was live)",
+    "lease": " (an earlier attempt's lease expired)",
+    "operator": " (an operator ended the earlier attempt's lease)",
+}
+
+
+def _claimed(
+    sender: Any,
+    *,
+    taken_over: bool = False,
+    presence: bool = False,
+    cause: str = "",
+    **kwargs: Any,
+) -> None:
     if taken_over:
-        _log(logging.WARNING, "taken_over", None, kwargs, " (an earlier attempt's lease expired)")
+        cause = cause or ("presence" if presence else "lease")
+        note = _TAKEOVER_NOTES.get(cause, f" ({cause})")
+        _log(logging.WARNING, "taken_over", None, kwargs, note, cause=cause)
     else:
         _log(logging.DEBUG, "claimed", None, kwargs)
 

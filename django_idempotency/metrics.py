@@ -53,7 +53,9 @@ CLAIMS = Metric("claims", "Keys claimed: first executions and takeovers.", _E)
 REPLAYS = Metric("replays", "Stored responses replayed (Idempotent-Replayed: true).", _ES)
 IN_FLIGHT = Metric("in_flight_conflicts", "Duplicates answered 409: original in flight.", _E)
 KEY_REUSES = Metric("key_reuses", "Keys reused with a different request: 422.", _E)
-TAKEOVERS = Metric("takeovers", "Expired leases taken over by a retry.", _E)
+TAKEOVERS = Metric(
+    "takeovers", "Claims taken over by a retry once their lease ran out or was ended.", _E
+)
 PRESENCE_TAKEOVERS = Metric(
     "presence_takeovers",
     "Claims taken over before their lease ended: the owner's database session was gone.",

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 from django.db import transaction
+from django.db.models import F
 
 from .claims import Existing, Scope
 from .models import IdempotencyRecord, RecordState
@@ -18,8 +19,10 @@ from .store import _now_value, database_for_write, fetch
 def end_leases(record_ids: list[int], *, using: str | None = None) -> int:
     """End the live leases of the claimed records ``record_ids`` now (operators).
 
-    One UPDATE setting ``lease_until`` to the store's clock for the rows that are
-    still claimed with a live lease. The next request with such a key and the same
+    One UPDATE for the rows that are still claimed with a live lease, setting
+    ``lease_until`` to ``created_at``: the lease is over, and the record says by whom
+    (no lease ends where it began), so the takeover that follows is logged as an
+    operator's (docs/observability.md). The next request with such a key and the same
     fingerprint takes the claim over (a phased view resumes after its recovery
     point); if the original request is still running, its completion is fenced off
     (:class:`LeaseLost`, its writes rolled back), unless it heartbeats first.
@@ -40,7 +43,7 @@ def end_leases(record_ids: list[int], *, using: str | None = None) -> int:
             state=RecordState.CLAIMED,
             lease_until__gt=_now_value(using),
         )
-        .update(lease_until=_now_value(using))
+        .update(lease_until=F("created_at"))
     )
 
 

@@ -16,6 +16,12 @@ free, so a session lock would stay behind on one of them: the owner then takes n
 direct is the ``OWNER_PRESENCE`` setting: ``"auto"`` (default), ``True`` or ``False``
 (:func:`takes`).
 
+A connection holds presence locks only for the claims in flight on it: each request,
+``inbox.once`` block and Celery task body runs as an :func:`entry_point`, and when the
+outermost one ends, a lock still held for a claim made in it (a failure between the
+claim and its settling statement) is released and logged (:func:`release_leftovers`),
+so locks never pile up on a persistent connection in PostgreSQL's shared lock table.
+
 This module also holds the waiting duplicates' side (:func:`wait_for_owner`): with
 ``wait=`` > 0 a duplicate queues for the owner's lock (bounded by ``lock_timeout``)
 instead of polling, and is woken when the owner completes.
@@ -28,15 +34,20 @@ import threading
 import time
 import uuid
 import weakref
-from contextlib import suppress
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import DatabaseError, OperationalError, connections, transaction
+from django.utils.connection import ConnectionDoesNotExist
 
 from . import _pg
 from ._pg_partitioned import server_port
 from .claims import Claim, Scope
 from .conf import conf
+from .logging import key_hash
 
 logger = logging.getLogger("django_idempotency")
 
@@ -91,13 +102,28 @@ def tests(connection: Any) -> bool:
     return connection.vendor == "postgresql" and conf.owner_presence is not False
 
 
-# The claims whose presence lock is held: owner token -> the DB-API connection (its
-# session holds the lock; a reconnected wrapper's new session holds nothing).
-_held: dict[uuid.UUID, Any] = {}
+@dataclass(frozen=True)
+class _Hold:
+    """A presence lock held.
+
+    The claim, the DB-API connection whose session holds the lock, and the outermost
+    entry point (:func:`entry_point`) it was taken in, if any.
+    """
+
+    claim: Claim
+    raw: Callable[[], Any]  # a weak reference: a closed, collected connection holds nothing
+    entry: object | None
+
+
+# The claims whose presence lock is held, by owner token (a reconnected wrapper's new
+# session holds nothing: the lock belongs to the DB-API connection of the claim).
+_held: dict[uuid.UUID, _Hold] = {}
 _held_lock = threading.Lock()
+#: The outermost entry point running in this thread or task (a marker), if any.
+_entry: ContextVar[object | None] = ContextVar("django_idempotency_entry_point", default=None)
 
 
-def _ref(raw: Any) -> Any:
+def _ref(raw: Any) -> Callable[[], Any]:
     try:
         return weakref.ref(raw)
     except TypeError:
@@ -108,7 +134,7 @@ def hold(claim: Claim) -> None:
     """Note that ``claim``'s session holds its presence lock."""
     raw = connections[claim.using].connection
     with _held_lock:
-        _held[claim.owner_token] = _ref(raw)
+        _held[claim.owner_token] = _Hold(claim, _ref(raw), _entry.get())
 
 
 def dropped(claim: Claim) -> None:
@@ -123,13 +149,22 @@ def holds(claim: Claim) -> bool:
         return claim.owner_token in _held
 
 
-def unlock(using: str, scope: Scope) -> None:
-    """Release the presence lock of ``scope`` held by this thread's session (best effort)."""
+def unlock(using: str, scope: Scope) -> bool:
+    """Release the presence lock of ``scope`` held by this thread's session (best effort).
+
+    Returns:
+        Whether the statement was sent: not on a closed connection (its session, and
+        the lock, are gone) nor in a transaction that can no longer run statements.
+    """
     connection = connections[using]
     if connection.connection is None or connection.needs_rollback:
-        return
-    with suppress(DatabaseError), connection.cursor() as cursor:
-        cursor.execute(_pg.PG_UNLOCK_SQL, _params(scope))
+        return False
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(_pg.PG_UNLOCK_SQL, _params(scope))
+    except DatabaseError:
+        return False
+    return True
 
 
 def ensure_released(claim: Claim) -> None:
@@ -140,14 +175,114 @@ def ensure_released(claim: Claim) -> None:
     that was replaced since (reconnected) held nothing to release.
     """
     with _held_lock:
-        ref = _held.pop(claim.owner_token, None)
-    if ref is None:
+        held = _held.pop(claim.owner_token, None)
+    if held is None:
         return
     connection = connections[claim.using]
-    raw = ref()
+    raw = held.raw()
     if raw is None or connection.connection is not raw:
         return
     unlock(claim.using, claim.scope)
+
+
+def _gone(raw: Any) -> bool:
+    """Whether the DB-API connection ``raw`` was collected or closed (its session ended)."""
+    return raw is None or bool(getattr(raw, "closed", False))
+
+
+def release_leftovers(entry: object, what: str) -> list[Claim]:
+    """Release the presence locks still held for claims made in the entry point ``entry``.
+
+    Called when the outermost :func:`entry_point` of a thread or task ends: by then every
+    claim made in it was completed, released or suspended, each releasing its lock, so a
+    lock still held is left over (a failure between a claim and its settling statement)
+    and would otherwise stay with a persistent connection (``CONN_MAX_AGE``, a Celery
+    worker) for the life of the process, filling PostgreSQL's shared lock table (sized
+    ``max_locks_per_transaction`` x ``max_connections``) for every application on the
+    server. Each one released is logged at WARNING on the ``django_idempotency`` logger.
+    Locks of sessions that ended (closed connections) are forgotten; claims made with
+    the store's functions outside any entry point are left to their caller.
+
+    Args:
+        entry: the marker of the entry point that ends.
+        what: what ended, for the log line (``"request"``, ``"once() block"``).
+
+    Returns:
+        The claims whose lock was released here.
+    """
+    if not _held:  # the common case: every claim released its own
+        return []
+    mine: list[Claim] = []
+    with _held_lock:
+        for token, held in list(_held.items()):
+            raw = held.raw()
+            if _gone(raw):
+                del _held[token]
+            elif held.entry is entry:
+                del _held[token]
+                if _connection_of(held.claim.using) is raw:  # else a session replaced since
+                    mine.append(held.claim)
+    released: list[Claim] = []
+    for claim in mine:
+        extra = {
+            "principal": claim.scope.principal,
+            "endpoint": claim.scope.endpoint,
+            "key_hash": key_hash(claim.scope.key),
+        }
+        if not unlock(claim.using, claim.scope):  # a doomed transaction refuses statements
+            logger.error(
+                "the presence lock of a claim was still held when its %s ended and could "
+                "not be released (endpoint %s, key hash %s): it goes when the connection "
+                "closes",
+                what,
+                claim.scope.endpoint,
+                key_hash(claim.scope.key),
+                extra=extra,
+            )
+            continue
+        released.append(claim)
+        logger.warning(
+            "the presence lock of a claim was still held when its %s ended: released, so "
+            "this connection holds locks only for claims in flight (endpoint %s, key "
+            "hash %s). Every claim is settled (completed, released or suspended) before "
+            "the request, task or once() block that made it ends: please report this.",
+            what,
+            claim.scope.endpoint,
+            key_hash(claim.scope.key),
+            extra=extra,
+        )
+    return released
+
+
+def _connection_of(using: str) -> Any:
+    """The DB-API connection of alias ``using`` in this thread (``None``: not connected)."""
+    try:
+        return connections[using].connection
+    except ConnectionDoesNotExist:  # an alias made at run time, removed since
+        return None
+
+
+@contextmanager
+def entry_point(what: str) -> Iterator[None]:
+    """The block of an entry point: a view's request, an ``inbox.once`` block, a task.
+
+    When the outermost entry point of this thread or task ends, the presence locks still
+    held for claims made in it are released (:func:`release_leftovers`): a connection
+    holds presence locks only for claims in flight on it, whatever failed on the way.
+
+    Args:
+        what: what the block is, for the log line (``"request"``, ``"once() block"``).
+    """
+    if _entry.get() is not None:  # inside another entry point: the outermost one sweeps
+        yield
+        return
+    entry = object()
+    token = _entry.set(entry)
+    try:
+        yield
+    finally:
+        _entry.reset(token)
+        release_leftovers(entry, what)
 
 
 def _params(scope: Scope) -> dict[str, str]:

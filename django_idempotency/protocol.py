@@ -26,6 +26,7 @@ from django.http.response import HttpResponseBase
 
 from . import extractors, fingerprint, operators, presence, problems, signals, store, transactions
 from .conf import conf
+from .context import IdempotencyContext, running
 from .keys import HEADER, InvalidKey, parse_key
 from .logging import key_hash
 from .options import Options
@@ -62,6 +63,19 @@ class Proceed:
 @dataclass(frozen=True)
 class CannotRun:
     """The view would have to run, but the caller said it may not (nothing claimed)."""
+
+
+@dataclass(frozen=True)
+class Nested:
+    """The request's scope is the one the running idempotent view claimed (docs/faq.md).
+
+    The view runs as part of that execution: no claim of its own, its writes in the
+    running view's transaction (or open phase), ``request.idempotency`` the running
+    view's ``context``, its response handed back to the running view, which settles
+    the claim.
+    """
+
+    context: IdempotencyContext
 
 
 BYPASS = Bypass()
@@ -200,7 +214,7 @@ def _key(request: Any, http: HttpRequest, options: Options) -> str | Respond | B
 
 def begin(
     request: Any, options: Options, *, view_name: str, may_run: bool = True
-) -> Bypass | Respond | Proceed | CannotRun:
+) -> Bypass | Respond | Proceed | Nested | CannotRun:
     """Decide what to do with ``request`` before the view runs.
 
     Args:
@@ -214,7 +228,9 @@ def begin(
 
     Returns:
         :class:`Bypass`, :class:`Respond` (replay or problem+json), :class:`Proceed`
-        with a claim, or :class:`CannotRun`. Never raises for a client mistake; a
+        with a claim, :class:`Nested` when the scope is the one the running idempotent
+        view (or ``inbox.once`` block) on the same database claimed, or
+        :class:`CannotRun`. Never raises for a client mistake; a
         failing store gives a 503 (fail closed: the view does not run without a claim).
 
     Warns:
@@ -230,11 +246,14 @@ def begin(
     principal = options.get_principal()(request)
     if not principal:
         return _no_principal(request, options)
+    scope = store.Scope(_fit(str(principal)), endpoint_for(http, options, view_name), key)
+    using = options.get_using(request)
+    outer = running(scope, using, request)
+    if outer is not None:  # called by the running view with its scope: no second claim
+        return Nested(outer)
     fp = _fingerprint(request, http, options)
     if isinstance(fp, Respond):
         return fp
-    scope = store.Scope(_fit(str(principal)), endpoint_for(http, options, view_name), key)
-    using = options.get_using(request)
     if may_run and transactions.outer_block(using):  # the claim could not commit on its own
         transactions.warn_outer(scope.endpoint, view_name, using)
     return _claim(scope, fp, options, using, may_run=may_run, view_name=view_name)
@@ -285,10 +304,11 @@ def _claim(
                     scope.endpoint,
                     taken_over=result.taken_over,
                     presence=result.by_presence,
+                    cause=result.takeover_cause,
                     **signal_kwargs,
                 )
             except BaseException:  # a receiver failed: this request will not run the view
-                presence.ensure_released(result)  # so a retry may take the claim over
+                store.abandon(result)  # nothing ran: the key is free for a retry at once
                 raise
             return Proceed(result, options, view_name)
         if result.fingerprint != fp:

@@ -14,7 +14,9 @@ from django.dispatch import Signal
 
 #: A claim was made (``taken_over``: an earlier attempt's claim was taken over;
 #: ``presence``: at once, because that attempt's database session was gone, not
-#: because its lease expired; docs/robustness.md#owner-presence).
+#: because its lease expired; docs/robustness.md#owner-presence; ``cause``: why it was
+#: taken over, ``"presence"``, ``"lease"`` (the lease ran out) or ``"operator"`` (an
+#: operator ended it), ``""`` for a claim that took over nothing).
 claimed = Signal()
 #: A stored response was replayed (``status``: the replayed status).
 replayed = Signal()

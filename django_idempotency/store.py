@@ -33,6 +33,7 @@ from typing import Any
 from django.db import (
     DatabaseError,
     IntegrityError,
+    InterfaceError,
     connections,
     transaction,
 )
@@ -66,7 +67,18 @@ from ._pg_partitioned import (
 )
 from ._pg_partitioned import forget as forget_table_kind
 from .bodies import decode_body, encode_body
-from .claims import Claim, Existing, Headers, HeartbeatUnavailable, LeaseLost, Scope, StoredResponse
+from .claims import (
+    BY_LEASE,
+    BY_OPERATOR,
+    BY_PRESENCE,
+    Claim,
+    Existing,
+    Headers,
+    HeartbeatUnavailable,
+    LeaseLost,
+    Scope,
+    StoredResponse,
+)
 from .databases import record_database
 from .models import IdempotencyRecord, RecordState
 
@@ -78,6 +90,7 @@ __all__ = [
     "LeaseLost",
     "Scope",
     "StoredResponse",
+    "abandon",
     "advance",
     "claim",
     "complete",
@@ -153,6 +166,7 @@ def _existing(row: dict[str, Any]) -> Existing:
         owner_token=row["owner_token"],
         recovery_point=row["recovery_point"] or "",
         owner_pid=row.get("owner_pid"),
+        ended_by_operator=bool(row.get("ended_by_operator")),
     )
 
 
@@ -190,6 +204,7 @@ def fetch(scope: Scope, *, using: str | None = None) -> Existing | None:
             "response_status",
             "response_headers",
             "response_body",
+            "created_at",
         )
         .first()
     )
@@ -198,6 +213,7 @@ def fetch(scope: Scope, *, using: str | None = None) -> Existing | None:
     values: dict[str, Any] = dict(found)
     now = clock.app_now()
     lease_until = clock.from_db(values["lease_until"], connection)
+    values["ended_by_operator"] = values["lease_until"] == values["created_at"]
     values["lease_remaining"] = (lease_until - now).total_seconds()
     values["expired"] = clock.from_db(values["expires_at"], connection) <= now
     return _existing(values)
@@ -260,8 +276,9 @@ def _claim(
             and existing.lease_remaining <= 0
             and existing.fingerprint == fingerprint
         ):
-            present = _take_over(using, existing, token, lease)
-            if present is not None:
+            taken = _take_over(using, existing, token, lease)
+            if taken is not None:
+                present, by_operator = taken
                 won = Claim(
                     scope,
                     existing.record_id,
@@ -271,6 +288,7 @@ def _claim(
                     using,
                     lease=lease,
                     present=present,
+                    takeover_cause=BY_OPERATOR if by_operator else BY_LEASE,
                 )
                 if present:
                     presence.hold(won)
@@ -352,6 +370,7 @@ def _insert(
                 present=bool(data["present"]),
                 by_presence=bool(data["by_presence"]),
                 sweep_after=_utc(data.get("sweep_after")),
+                takeover_cause=BY_PRESENCE if data["by_presence"] else "",
             )
             if won.present:
                 presence.hold(won)
@@ -501,13 +520,16 @@ def _forget_expired(using: str, existing: Existing) -> None:
     )._raw_delete(using)
 
 
-def _take_over(using: str, existing: Existing, token: uuid.UUID, lease: float) -> bool | None:
+def _take_over(
+    using: str, existing: Existing, token: uuid.UUID, lease: float
+) -> tuple[bool, bool] | None:
     """Install ``token`` on a claim whose lease ran out, if nobody changed it since.
 
     The window is pushed to end no earlier than the new lease. On PostgreSQL a row
     locked by the stalled owner's open transaction is skipped, never waited for.
-    Returns ``None`` when another request won, else whether the new owner's session
-    holds the presence lock.
+    Returns ``None`` when another request won, else ``(present, by_operator)``: whether
+    the new owner's session holds the presence lock, and whether the lease had been
+    ended by an operator (``operators.end_leases``) rather than run out.
     """
     connection = connections[using]
     if connection.vendor == "postgresql":
@@ -523,7 +545,7 @@ def _take_over(using: str, existing: Existing, token: uuid.UUID, lease: float) -
         with connection.cursor() as cursor:
             cursor.execute(PG_TAKEOVER_SQL, params)
             row = cursor.fetchone()
-        return None if row is None else bool(row[0])
+        return None if row is None else (bool(row[0]), bool(row[1]))
     new_lease_until = _now_value(using, lease)
     updated = (
         IdempotencyRecord.objects.using(using)
@@ -540,7 +562,7 @@ def _take_over(using: str, existing: Existing, token: uuid.UUID, lease: float) -
             expires_at=Greatest(F("expires_at"), new_lease_until),
         )
     )
-    return False if updated == 1 else None
+    return (False, existing.ended_by_operator) if updated == 1 else None
 
 
 def _fenced(claim: Claim) -> Any:
@@ -710,6 +732,30 @@ def release(claim: Claim) -> bool:
         presence.dropped(claim)
         return bool(deleted)
     return bool(_fenced(claim).filter(recovery_point="")._raw_delete(claim.using))
+
+
+def abandon(claim: Claim) -> None:
+    """Give ``claim`` up before anything ran under it (a ``claimed`` receiver raised).
+
+    Nothing was done, so the key is released (the record deleted) and a retry runs at
+    once, on every backend; a taken-over claim whose earlier attempt finished a phase
+    keeps its recovery point and its lease ends now instead (:func:`suspend`), so a
+    retry resumes it. Its presence lock is released either way. A store failure here is
+    logged, never raised: the caller re-raises what made it give up.
+    """
+    try:
+        if claim.recovery_point:
+            suspend(claim)
+        else:
+            release(claim)
+    except (DatabaseError, InterfaceError) as exc:  # the lease runs out instead
+        logger.error(
+            "could not give up an idempotency claim: %s",
+            exc,
+            extra={"principal": claim.scope.principal, "endpoint": claim.scope.endpoint},
+        )
+    finally:
+        presence.ensure_released(claim)
 
 
 def advance(claim: Claim, recovery_point: str) -> None:

@@ -370,6 +370,27 @@ def test_a_plain_callables_block_refuses_writes_elsewhere_too():
     assert records("shard") == 1 and widgets("shard") == 1
 
 
+def test_a_block_that_catches_the_refused_write_still_does_not_complete():
+    """A ``once()`` block whose write to another database was refused, and which caught
+    ``CrossDatabaseWrite`` and carried on, still fails with it when it ends: nothing is
+    stored (its result would claim a write that never happened) and the key is
+    released, so the next call runs the block again."""
+    from django_idempotency import inbox
+
+    key = str(uuid.uuid4())
+    with (
+        pytest.raises(CrossDatabaseWrite),
+        inbox.once(key, principal=PRINCIPAL, endpoint="task:caught", using="shard") as attempt,
+    ):
+        with contextlib.suppress(CrossDatabaseWrite):
+            Widget.objects.using("default").create(name="elsewhere")
+        attempt.result = {"imported": True}
+    assert widgets("default") == 0 and records("shard") == 0
+    with inbox.once(key, principal=PRINCIPAL, endpoint="task:caught", using="shard") as again:
+        assert not again.done
+        again.result = 1
+
+
 # --- the sweeper and the relay cover every database ----------------------------------
 
 

@@ -58,6 +58,18 @@ def test_an_exception_rolls_back_and_releases_so_a_retry_runs_again():
     assert Widget.objects.count() == 1
 
 
+@pytest.mark.parametrize("stop", [SystemExit, KeyboardInterrupt])
+def test_a_block_stopped_by_systemexit_or_keyboardinterrupt_releases_its_key(stop):
+    """A worker shut down mid-block (``SystemExit`` from a signal handler, Ctrl-C) rolls
+    the block back and releases the key, as any exception does: the next call runs the
+    block at once instead of waiting out the lease (``InFlight``)."""
+    with pytest.raises(stop), inbox.once("evt-stop", payload={"amount": 5}, **SCOPE):
+        Widget.objects.create(name="interrupted")
+        raise stop()
+    assert Widget.objects.count() == 0 and IdempotencyRecord.objects.count() == 0
+    assert apply("evt-stop") == {"widget": Widget.objects.get().pk, "amount": 5}
+
+
 def test_the_same_key_with_another_payload_is_key_reused():
     apply("evt-3", amount=5)
     with pytest.raises(inbox.KeyReused):
@@ -289,3 +301,94 @@ def test_a_bound_task_leaves_self_out_of_the_payload_and_retries_in_flight(eager
     assert seen == ["task:tests.inbox.bound"] * 4
     with pytest.raises(inbox.InFlight):  # called directly, outside a worker: raised
         bound("b-2")
+
+
+# --- What the block does to its own transaction is its outcome -----------------------
+
+
+def test_a_block_that_marks_its_transaction_for_rollback_stores_nothing_and_releases():
+    """``transaction.set_rollback(True)`` in the block is its outcome, as in a view: the
+    ``with`` statement ends normally, the block's writes roll back, its result is not
+    stored and the key is released, so a retry runs the block again."""
+    with inbox.once("evt-rb", **SCOPE) as attempt:
+        Widget.objects.create(name="rolled back")
+        attempt.result = {"declined": True}
+        transaction.set_rollback(True)
+    assert attempt.result == {"declined": True}  # as the block left it, not stored
+    assert Widget.objects.count() == 0 and IdempotencyRecord.objects.count() == 0
+    assert apply("evt-rb") == {"widget": Widget.objects.get().pk, "amount": 5}
+
+
+def test_a_function_that_marks_its_transaction_for_rollback_returns_its_result_unstored():
+    """The same through ``idempotent_call``: the function's result is returned, nothing
+    is kept, and the next call runs the function again."""
+    runs: list[int] = []
+
+    @inbox.idempotent_call(key="event_id", principal="consumer", endpoint="call:declines")
+    def decline(event_id: str) -> dict[str, bool]:
+        runs.append(1)
+        Widget.objects.create(name=event_id)
+        transaction.set_rollback(True)
+        return {"declined": True}
+
+    assert decline("evt-1") == decline("evt-1") == {"declined": True}
+    assert len(runs) == 2 and IdempotencyRecord.objects.count() == Widget.objects.count() == 0
+
+
+@pytest.mark.postgres
+def test_a_block_that_catches_an_error_without_a_savepoint_stores_nothing(caplog):
+    """On PostgreSQL a statement that fails inside the block's transaction, caught without
+    a savepoint, aborts the transaction: the block's result is not stored, the key is
+    released and a WARNING says why, instead of the store's statement failing."""
+    from django.db import DatabaseError
+    from django.db import connection as db
+
+    caplog.set_level("WARNING", logger="django_idempotency")
+    with inbox.once("evt-ab", **SCOPE) as attempt:
+        Widget.objects.create(name="lost")
+        try:
+            with db.cursor() as cursor:
+                cursor.execute("SELECT no_such_column FROM testapp_widget")
+        except DatabaseError:
+            attempt.result = "caught"
+    assert IdempotencyRecord.objects.count() == Widget.objects.count() == 0
+    assert any("without a savepoint" in r.message for r in caplog.records)
+
+
+# --- Blocks that call blocks -----------------------------------------------------------
+
+
+def test_a_block_with_the_scope_of_the_running_block_runs_as_part_of_it():
+    """A ``once()`` block opened inside a running one with the same principal, endpoint
+    and key is part of it (its payload is not compared): it runs, in the outer block's
+    transaction, and the outer block's result is what is stored and returned later."""
+    with inbox.once("evt-n", payload={"outer": 1}, **SCOPE) as outer:
+        with inbox.once("evt-n", payload={"inner": 2}, **SCOPE) as inner:
+            assert not inner.done and inner.context is outer.context
+            inner.result = Widget.objects.create(name="inner").pk
+        outer.result = {"inner": inner.result}
+    assert outer.result == {"inner": Widget.objects.get().pk}
+    record = IdempotencyRecord.objects.get()
+    assert json.loads(bytes(record.response_body)) == outer.result
+    with inbox.once("evt-n", payload={"outer": 1}, **SCOPE) as again:
+        assert again.done and again.result == outer.result
+
+
+def test_a_function_delegating_to_one_of_its_endpoint_runs_it_once():
+    """An ``idempotent_call`` function that calls another one with the same endpoint
+    and key (a task body delegating to the function it wraps) runs it as part of its
+    own call: no ``InFlight`` against itself; a second call returns the stored result."""
+    runs: list[str] = []
+
+    @inbox.idempotent_call(key="event_id", principal="consumer", endpoint="call:apply")
+    def apply_event(event_id: str) -> int:
+        runs.append(event_id)
+        return int(Widget.objects.create(name=event_id).pk)
+
+    @inbox.idempotent_call(key="event_id", principal="consumer", endpoint="call:apply")
+    def handle(event_id: str) -> dict[str, int]:
+        return {"widget": apply_event(event_id)}
+
+    first = handle("evt-d")
+    assert first == {"widget": Widget.objects.get().pk} and runs == ["evt-d"]
+    assert handle("evt-d") == first and runs == ["evt-d"]

@@ -157,6 +157,24 @@ def test_a_missing_extracted_key_is_a_400_missing_key():
     assert Widget.objects.count() == 0
 
 
+@pytest.mark.parametrize("blank", ["", "   ", "\t"])
+def test_a_blank_key_header_is_no_key(blank):
+    """A key header that is present but blank carries no key: 400 ``missing-key``
+    naming the header, nothing claimed, never a key made of nothing. In a combined key
+    too: a blank part is a missing part, so a blank ``X-Source`` never turns the event
+    id alone (``":evt_1Nq"``) into a key."""
+    github = deliver(
+        "/hooks/github", {"zen": "hi"}, signature_header="HTTP_X_HUB_SIGNATURE_256",
+        HTTP_X_GITHUB_DELIVERY=blank,
+    )  # fmt: skip
+    assert github.status_code == 400 and slug(github) == "missing-key"
+    assert "X-GitHub-Delivery header" in json.loads(github.content)["detail"]
+    combined = deliver("/hooks/combined", EVENT, HTTP_X_SOURCE=blank)
+    assert combined.status_code == 400 and slug(combined) == "missing-key"
+    assert "X-Source header" in json.loads(combined.content)["detail"]
+    assert IdempotencyRecord.objects.count() == 0 and Widget.objects.count() == 0
+
+
 def test_an_integer_event_id_is_its_digits():
     response = deliver("/hooks/stripe", {**EVENT, "id": 4711})
     assert response.status_code == 201 and IdempotencyRecord.objects.get().key == "4711"

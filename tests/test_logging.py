@@ -112,6 +112,38 @@ def test_takeover_is_a_warning(api, key, caplog):
     post(api, "/provision", key, {})
     (warning,) = [r for r in events(caplog) if r.levelno == logging.WARNING]
     assert warning.event == "taken_over" and warning.endpoint == "POST /provision"
+    assert warning.cause == "lease" and "lease expired" in warning.getMessage()
+
+
+def test_a_takeover_says_whether_the_lease_expired_or_an_operator_ended_it(caplog):
+    """A ``taken_over`` line names its cause (``cause`` field and message): ``operator``
+    after ``operators.end_leases`` (the admin's "End the lease") ended a live lease,
+    ``lease`` after the lease ran out by itself. Never "expired" for a lease an operator
+    ended."""
+    from django_idempotency import operators, store, testing
+    from django_idempotency.options import Options
+    from django_idempotency.protocol import Proceed, _claim
+
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    fp = "f" * 64
+    options = Options(lease=300)
+    ended = store.Scope("ops", "POST /ops", str(uuid.uuid4()))
+    held = store.claim(ended, fp, lease=300, retention=3600)
+    assert isinstance(held, store.Claim)
+    assert operators.end_leases([held.record_id]) == 1
+    by_operator = _claim(ended, fp, options, "default", may_run=True)
+    assert isinstance(by_operator, Proceed)
+    assert by_operator.claim.takeover_cause == "operator"
+    expired = store.Scope("ops", "POST /ops", str(uuid.uuid4()))
+    assert isinstance(store.claim(expired, fp, lease=300, retention=3600), store.Claim)
+    with testing.travel(301):
+        by_lease = _claim(expired, fp, options, "default", may_run=True)
+    assert isinstance(by_lease, Proceed) and by_lease.claim.takeover_cause == "lease"
+    first, second = [r for r in events(caplog) if r.event == "taken_over"]
+    assert first.cause == "operator" and first.levelno == logging.WARNING
+    assert "an operator ended the earlier attempt's lease" in first.getMessage()
+    assert "expired" not in first.getMessage()
+    assert second.cause == "lease" and "lease expired" in second.getMessage()
 
 
 def test_disconnect_silences_and_connect_restores(api, caplog):

@@ -16,6 +16,7 @@ another process (tests/presence_owner.py) or thread and its own session:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -51,12 +52,14 @@ def _direct() -> bool:
 class Owner:
     """A claim held by another process, which the test can stop, continue or kill."""
 
-    def __init__(self, scope: store.Scope, *, lease: float, mode: str = "auto") -> None:
+    def __init__(
+        self, scope: store.Scope, *, lease: float, mode: str = "auto", fingerprint: str = FP
+    ) -> None:
         env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
         env.update(DATABASE_URL=database_url(), IDEMPOTENCY_OWNER_PRESENCE=mode)
         self.process = subprocess.Popen(
             [sys.executable, "-m", "tests.presence_owner", scope.principal, scope.endpoint,
-             scope.key, FP, str(lease)],
+             scope.key, fingerprint, str(lease)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
         )  # fmt: skip
         assert self.process.stdout is not None
@@ -185,6 +188,7 @@ def test_the_presence_takeover_is_signalled_and_counted_apart(record_table, owne
         return
     claim = decision.claim  # type: ignore[union-attr]
     assert sent and sent[0]["taken_over"] and sent[0]["presence"]
+    assert sent[0]["cause"] == "presence" and claim.takeover_cause == "presence"
     assert sink.value(metrics.PRESENCE_TAKEOVERS, endpoint=scope.endpoint) == 1
     assert sink.value(metrics.TAKEOVERS) == 0  # not an expired lease
     store.release(claim)
@@ -406,3 +410,195 @@ def test_no_plain_callable_leaves_a_presence_lock_behind():
                                                      endpoint="task:locks"):  # fmt: skip
             raise RuntimeError("the body failed")
         assert _advisory_locks(cursor) == 0
+
+
+# --- A connection holds presence locks only for the claims in flight on it ----------
+
+
+@pytest.fixture
+def leaky(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Claims whose settling never releases their presence lock (a leak on purpose):
+    the completing and releasing statements leave the lock alone, and the release a
+    failed path makes is skipped. Only the end of the entry point can release it."""
+    monkeypatch.setattr(presence, "holds", lambda claim: False)
+    monkeypatch.setattr(presence, "ensure_released", lambda claim: None)
+
+
+def _backend_pid() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return int(cursor.fetchone()[0])
+
+
+def _locks_of(pid: int) -> int:
+    """Advisory locks the session ``pid`` holds, as another session sees them."""
+    from tests.faults import admin_connection
+
+    with admin_connection() as admin:
+        row = admin.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = %s", [pid]
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _leftover_lines(caplog: pytest.LogCaptureFixture, what: str) -> list[logging.LogRecord]:
+    return [
+        r
+        for r in caplog.records
+        if r.name == "django_idempotency" and f"still held when its {what} ended" in r.message
+    ]
+
+
+@pg_only
+@pytest.mark.django_db(transaction=True)
+def test_presence_locks_never_pile_up_on_a_persistent_connection(leaky, caplog):
+    """Forty requests on one persistent connection (the test client keeps it, as
+    ``CONN_MAX_AGE`` does), each of whose claims leaves its presence lock held: when
+    each request ends the lock is released and a WARNING says so, so the session holds
+    no advisory lock between requests, whatever the outcome (completed, released by
+    status, raised, a phased request suspended)."""
+    if not _direct():
+        pytest.skip("behind a pooler claims take no presence lock")
+    caplog.set_level(logging.WARNING, logger="django_idempotency")
+    token = TokenFactory(user__username="leaky").key
+    pid = _backend_pid()
+    statuses = []
+    for n in range(10):
+        statuses.append(_post(token, "/widgets", str(uuid.uuid4()), {"name": f"w{n}"}).status_code)
+        assert _locks_of(pid) == 0
+        statuses.append(_post(token, "/release-503", str(uuid.uuid4())).status_code)
+        assert _locks_of(pid) == 0
+        statuses.append(_post(token, "/tx/integrity", str(uuid.uuid4())).status_code)
+        assert _locks_of(pid) == 0
+        HOOKS["crash"] = "after:leased"
+        statuses.append(_post(token, "/provision", str(uuid.uuid4())).status_code)
+        assert _locks_of(pid) == 0
+    assert _backend_pid() == pid  # one session all along
+    assert statuses[:3] == [201, 503, 500] and statuses[3] >= 500
+    lines = _leftover_lines(caplog, "request")
+    assert len(lines) == 40 and all(r.levelno == logging.WARNING for r in lines)
+
+
+@pg_only
+@pytest.mark.django_db(transaction=True)
+def test_presence_locks_never_pile_up_after_once_blocks_and_tasks(leaky, caplog):
+    """The same for ``inbox.once`` blocks (completed, raised, doomed), an
+    ``idempotent_call`` function and a Celery ``idempotent_task`` body called in the
+    worker's process: each leaves no advisory lock in its session when it ends."""
+    if not _direct():
+        pytest.skip("behind a pooler claims take no presence lock")
+    from django.db import transaction
+
+    from django_idempotency import inbox
+    from django_idempotency.celery_tasks import idempotent_task
+
+    caplog.set_level(logging.WARNING, logger="django_idempotency")
+    pid = _backend_pid()
+    scope = {"principal": "leaky", "endpoint": "task:leaky"}
+    with inbox.once(str(uuid.uuid4()), **scope) as attempt:
+        attempt.result = {"ok": True}
+    assert _locks_of(pid) == 0
+    with pytest.raises(RuntimeError), inbox.once(str(uuid.uuid4()), **scope):
+        raise RuntimeError("the body failed")
+    assert _locks_of(pid) == 0
+    with inbox.once(str(uuid.uuid4()), **scope):
+        transaction.set_rollback(True)
+    assert _locks_of(pid) == 0
+
+    @inbox.idempotent_call(key="event_id", principal="leaky")
+    def call(event_id: str) -> int:
+        return 1
+
+    @idempotent_task(key="event_id", name="tests.leaky")
+    def task(event_id: str) -> int:
+        return 2
+
+    assert call("e-1") == 1
+    assert _locks_of(pid) == 0
+    assert task("e-1") == 2
+    assert _locks_of(pid) == 0
+    assert len(_leftover_lines(caplog, "once() block")) == 4
+    assert len(_leftover_lines(caplog, "task")) == 1
+
+
+@pg_only
+@pytest.mark.django_db(transaction=True)
+def test_an_entry_point_leaves_claims_it_did_not_make_alone():
+    """A claim made with the store's functions outside any entry point keeps its lock
+    while requests and ``once()`` blocks come and go on the same connection: the end of
+    an entry point releases only what was claimed in it."""
+    if not _direct():
+        pytest.skip("behind a pooler claims take no presence lock")
+    from django_idempotency import inbox
+
+    pid = _backend_pid()
+    held = _claim(_scope())
+    assert isinstance(held, store.Claim) and held.present
+    token = TokenFactory(user__username="bystander").key
+    assert _post(token, "/widgets", str(uuid.uuid4()), {"name": "x"}).status_code == 201
+    with inbox.once(str(uuid.uuid4()), principal="p", endpoint="task:bystander") as attempt:
+        attempt.result = 1
+    assert _locks_of(pid) == 1
+    store.release(held)
+    assert _locks_of(pid) == 0
+
+
+@pg_only
+def test_a_presence_takeover_is_logged_as_one(record_table, owners, caplog):
+    """The ``taken_over`` line of a takeover by owner presence says so (``cause`` =
+    ``presence``: the earlier owner's database session ended while its lease was live),
+    never that a lease expired: none had."""
+    from django_idempotency.options import Options
+    from django_idempotency.protocol import _claim as protocol_claim
+
+    if not _direct():
+        pytest.skip("behind a pooler the lease decides")
+    caplog.set_level(logging.WARNING, logger="django_idempotency.events")
+    scope = _scope()
+    owner = Owner(scope, lease=300)
+    owners.append(owner)
+    owner.kill()
+    decision = protocol_claim(scope, FP, Options(lease=300), "default", may_run=True)
+    (line,) = [r for r in caplog.records if getattr(r, "event", "") == "taken_over"]
+    assert line.cause == "presence" and line.levelno == logging.WARNING
+    assert "database session ended while its lease was live" in line.getMessage()
+    assert "expired" not in line.getMessage()
+    store.release(decision.claim)  # type: ignore[union-attr]
+
+
+def _fingerprint_of_post(path: str, body: dict[str, Any]) -> str:
+    """The fingerprint of ``POST path`` with JSON ``body``, as a view computes it."""
+    from rest_framework.test import APIRequestFactory
+
+    from django_idempotency import fingerprint
+    from django_idempotency.options import Options
+
+    options = Options()
+    return fingerprint.compute(
+        APIRequestFactory().post(path, body, format="json"),
+        exclude=options.get_fingerprint_exclude(),
+        headers=options.get_fingerprint_headers(),
+    )
+
+
+@pg_only
+def test_a_presence_takeover_refuses_a_request_with_another_body(record_table, owners):
+    """The owner of a key died mid-request while its lease was live. A retry with
+    another body under that key is a key reused (422 ``key-reused``), exactly as after
+    the lease ran out: presence never lets another request take the claim over; the
+    retry of the same request takes it over at once and runs (201)."""
+    if not _direct():
+        pytest.skip("behind a pooler the lease decides")
+    token = TokenFactory(user__username="presence-body")
+    key = str(uuid.uuid4())
+    scope = store.Scope(f"auth.user:{token.user.pk}", "POST /widgets", key)
+    owner = Owner(scope, lease=300, fingerprint=_fingerprint_of_post("/widgets", {"name": "a"}))
+    owners.append(owner)
+    owner.kill()
+    other = _post(token.key, "/widgets", key, {"name": "b"})
+    assert other.status_code == 422, other.content
+    assert other.json()["type"].endswith("#key-reused")
+    same = _post(token.key, "/widgets", key, {"name": "a"})
+    assert same.status_code == 201, same.content
+    assert list(Widget.objects.values_list("name", flat=True)) == ["a"]

@@ -83,6 +83,26 @@ def test_no_renderer_fits_and_another_body_is_still_422(api, key):
     assert json.loads(response.content)["type"].endswith("key-reused")
 
 
+def test_after_a_crashed_claim_no_renderer_fits_and_another_body_is_still_422(api, key):
+    """A crashed attempt left a claim whose lease ran out. A retry with another body
+    whose ``Accept`` no renderer fits is a key reused (422), as it is with any
+    ``Accept``: only a retry of the same request could take the claim over, and that
+    one would have to run the view, so it gets DRF's 406 and claims nothing."""
+    post(api, "/x/receipt", key, {"name": "r"})
+    IdempotencyRecord.objects.update(
+        state=RecordState.CLAIMED,
+        owner_token=uuid.uuid4(),
+        response_status=None,
+        lease_until=timezone.now() - dt.timedelta(seconds=60),
+    )
+    other = post(api, "/x/receipt", key, {"name": "other"}, accept=UNRENDERABLE)
+    assert other.status_code == 422, other.content
+    assert json.loads(other.content)["type"].endswith("key-reused")
+    same = post(api, "/x/receipt", key, {"name": "r"}, accept=UNRENDERABLE)
+    assert same.status_code == 406
+    assert IdempotencyRecord.objects.get().state == RecordState.CLAIMED  # not taken over
+
+
 def test_no_renderer_fits_while_in_flight_is_409(api, key):
     post(api, "/x/receipt", key, {"name": "r"})
     IdempotencyRecord.objects.update(

@@ -105,6 +105,7 @@ _TAKE_OVER_FILTER = """            pk=existing.record_id,
 """
 
 EDGES = "tests/test_edges.py"
+NESTED = "tests/test_nested_views.py"
 RETENTION = "tests/test_retention.py"
 VIEW_TX = "tests/test_view_transactions.py"
 
@@ -1361,6 +1362,236 @@ MUTANTS: list[Mutant] = [
         tests=("tests/test_storm.py::test_a_duplicate_or_a_wrong_answer_is_a_broken_promise",),
         backends=(SQLITE,),
         what="the storm accepts an answer that is not the stored worker",
+    ),
+    # --- claims: delegating views, claimed receivers, once() rules, presence locks,
+    # takeover causes, and guards no test noticed (heartbeat, blank keys, 422s) -------
+    m(
+        "CL1",
+        "context.py",
+        "        if claim.scope == scope and claim.using == using:\n",
+        "        if False:\n",
+        tests=(NESTED, "tests/test_inbox_calls.py"),
+        what="a view or block called with the running execution's scope claims again (409)",
+    ),
+    m(
+        "CL2",
+        "context.py",
+        '            return None if getattr(http, "resolver_match", None) is not None '
+        "else context\n",
+        "            return context\n",
+        tests=(f"{NESTED}::test_a_request_routed_while_the_view_runs_is_a_request_of_its_own",),
+        what="a request routed while the view runs (an in-process client's) joins it",
+    ),
+    m(
+        "CL3",
+        "context.py",
+        "            if http is None or http is context._request:\n",
+        "            if http is None:\n",
+        tests=(NESTED,),
+        what="a view handed the running view's own request claims again (409)",
+    ),
+    m(
+        "CL4",
+        "protocol.py",
+        "                store.abandon(result)  "
+        "# nothing ran: the key is free for a retry at once\n",
+        "                presence.ensure_released(result)\n",
+        tests=("tests/test_claimed_receivers.py",),
+        what="a view whose claimed receiver raised keeps its claim (409 for the lease)",
+    ),
+    m(
+        "CL5",
+        "inbox.py",
+        "            store.abandon(claim)  # nothing ran: the key is free for a retry at once\n",
+        "            presence.ensure_released(claim)\n",
+        tests=("tests/test_claimed_receivers.py",),
+        what="a once() block whose claimed receiver raised keeps its claim (InFlight)",
+    ),
+    m(
+        "CL6",
+        "store.py",
+        "        if claim.recovery_point:\n            suspend(claim)\n        else:\n"
+        "            release(claim)\n",
+        "        release(claim)\n",
+        tests=(
+            "tests/test_claimed_receivers.py::"
+            "test_a_phased_takeover_whose_claimed_receiver_raises_keeps_its_recovery_point",
+        ),
+        what="a given-up phased takeover keeps its live lease (no resume until it ends)",
+    ),
+    m(
+        "CL7",
+        "inbox.py",
+        "                if doomed:  # the block's own choice: nothing of it can commit\n"
+        "                    raise _Doomed(doomed)\n",
+        "",
+        tests=("tests/test_inbox_calls.py",),
+        what="once(): a block that doomed its transaction is completed anyway",
+    ),
+    m(
+        "CL8",
+        "presence.py",
+        "        release_leftovers(entry, what)\n",
+        "        pass\n",
+        tests=(
+            "tests/test_presence.py::test_presence_locks_never_pile_up_on_a_persistent_connection",
+            "tests/test_presence.py::test_presence_locks_never_pile_up_after_once_blocks_and_tasks",
+        ),
+        backends=(PG,),
+        what="presence locks left over when an entry point ends stay with the connection",
+    ),
+    m(
+        "CL9",
+        "presence.py",
+        "            elif held.entry is entry:\n",
+        "            elif True:\n",
+        tests=("tests/test_presence.py::test_an_entry_point_leaves_claims_it_did_not_make_alone",),
+        backends=(PG,),
+        what="an entry point's end releases locks of claims made outside it",
+    ),
+    m(
+        "CL10",
+        "operators.py",
+        '        .update(lease_until=F("created_at"))\n',
+        "        .update(lease_until=_now_value(using))\n",
+        tests=(
+            "tests/test_logging.py::"
+            "test_a_takeover_says_whether_the_lease_expired_or_an_operator_ended_it",
+        ),
+        what="a lease ended by an operator is logged as expired when taken over",
+    ),
+    m(
+        "CL11",
+        "_pg.py",
+        "    SELECT id, lease_until = created_at AS by_operator FROM {_T}\n",
+        "    SELECT id, false AS by_operator FROM {_T}\n",
+        tests=(
+            "tests/test_logging.py::"
+            "test_a_takeover_says_whether_the_lease_expired_or_an_operator_ended_it",
+        ),
+        backends=(PG,),
+        what="PostgreSQL's takeover never says an operator ended the lease",
+    ),
+    m(
+        "CL12",
+        "store.py",
+        "    return (False, existing.ended_by_operator) if updated == 1 else None\n",
+        "    return (False, False) if updated == 1 else None\n",
+        tests=(
+            "tests/test_logging.py::"
+            "test_a_takeover_says_whether_the_lease_expired_or_an_operator_ended_it",
+        ),
+        backends=(SQLITE,),
+        what="the ORM's takeover never says an operator ended the lease",
+    ),
+    m(
+        "CL13",
+        "_pg.py",
+        "      AND r.state = 'claimed' AND r.fingerprint = %(fingerprint)s\n",
+        "      AND r.state = 'claimed'\n",
+        tests=(
+            "tests/test_presence.py::test_a_presence_takeover_refuses_a_request_with_another_body",
+        ),
+        backends=(PG,),
+        what="a presence takeover (plain table) by a request with another body",
+    ),
+    m(
+        "CL14",
+        "_pg_partitioned.py",
+        "           AND v_row.fingerprint = p_fingerprint AND v_row.owner_pid IS NOT NULL\n",
+        "           AND v_row.owner_pid IS NOT NULL\n",
+        tests=(
+            "tests/test_presence.py::test_a_presence_takeover_refuses_a_request_with_another_body",
+        ),
+        backends=(PG,),
+        what="a presence takeover (claim function V3) by a request with another body",
+    ),
+    m(
+        "CL15",
+        "heartbeat.py",
+        '                    logger.warning("heartbeat found the claim taken over; stopped", '
+        "extra=kwargs)\n                    return\n",
+        '                    logger.warning("heartbeat found the claim taken over; stopped", '
+        "extra=kwargs)\n",
+        tests=("tests/test_heartbeat.py::test_the_heartbeat_stops_once_its_claim_was_taken_over",),
+        backends=(PG,),
+        what="the heartbeat keeps beating for a claim taken over",
+    ),
+    m(
+        "CL16",
+        "heartbeat.py",
+        "                    connections[self.claim.using].close()\n                    continue\n",
+        "                    continue\n",
+        tests=(
+            "tests/test_heartbeat.py::test_the_heartbeat_reconnects_after_its_connection_dropped",
+        ),
+        backends=(PG,),
+        what="the heartbeat keeps its dropped connection (every later beat fails)",
+    ),
+    m(
+        "CL17",
+        "heartbeat.py",
+        "                    connections[self.claim.using].close()\n                    continue\n",
+        "                    return\n",
+        tests=(
+            "tests/test_heartbeat.py::test_the_heartbeat_reconnects_after_its_connection_dropped",
+        ),
+        backends=(PG,),
+        what="the heartbeat stops after one failed beat (the lease runs out under the view)",
+    ),
+    m(
+        "CL18",
+        "inbox.py",
+        "                guard.check()  "
+        "# a refused write the body caught still fails the attempt\n",
+        "",
+        tests=(
+            "tests/test_databases.py::"
+            "test_a_block_that_catches_the_refused_write_still_does_not_complete",
+        ),
+        what="once(): a block that caught CrossDatabaseWrite completes",
+    ),
+    m(
+        "CL19",
+        "inbox.py",
+        "        except BaseException:\n            _release(claim)\n",
+        "        except Exception:\n            _release(claim)\n",
+        tests=(
+            "tests/test_inbox_calls.py::"
+            "test_a_block_stopped_by_systemexit_or_keyboardinterrupt_releases_its_key",
+        ),
+        what="once(): SystemExit or KeyboardInterrupt in the block keeps the claim",
+    ),
+    m(
+        "CL20",
+        "extractors.py",
+        '        if value is None or not value.strip(" \\t"):\n',
+        "        if value is None:\n",
+        tests=("tests/test_inbox_receivers.py::test_a_blank_key_header_is_no_key",),
+        what="a blank key header is a key (combined: the other parts alone)",
+    ),
+    m(
+        "CL21",
+        "operators.py",
+        "        and existing.lease_remaining <= 0\n"
+        "        and existing.fingerprint == fingerprint\n",
+        "        and existing.lease_remaining <= 0\n",
+        tests=(
+            "tests/test_replay_negotiation.py::"
+            "test_after_a_crashed_claim_no_renderer_fits_and_another_body_is_still_422",
+        ),
+        what="after a crashed claim, another body with an unrenderable Accept gets 406",
+    ),
+    m(
+        "CL22",
+        "execution.py",
+        "        if isinstance(caller, IdempotencyContext):  # the caller's own again\n"
+        "            attach(request, caller)\n",
+        "",
+        tests=(
+            f"{NESTED}::test_a_delegated_view_of_another_scope_commits_its_record_with_the_outer",
+        ),
+        what="the caller's request.idempotency stays the inner view's (another scope)",
     ),
 ]
 

@@ -46,4 +46,9 @@ urlpatterns = [
     path("review2/copy-caught", views.review2_copy_caught),
     path("review2/block-then", views.review2_block_then),
     path("review3/scenario", views.review3_scenario),
+    path("delegate/outer", views.delegate_outer),
+    path("delegate/mixin", views.DelegatingView.as_view()),
+    path("delegate/own-request", views.own_request_outer),
+    path("delegate/other-endpoint", views.delegate_other_endpoint),
+    path("delegate/phased", views.delegate_phased),
 ]

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import threading
 
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
@@ -559,3 +560,94 @@ def review2_block_then(request):
 def review3_scenario(request):
     """Runs ``HOOKS["scenario"]()`` and answers 201 with what it returned."""
     return Response({"result": HOOKS["scenario"]()}, status=201)
+
+
+# --- Idempotent views that call idempotent views (tests/test_nested_views.py) -------
+
+
+@idempotent
+def delegate_inner(request):
+    """Writes a Widget and answers 201 with what ``request.idempotency`` says."""
+    widget = Widget.objects.create(name="delegate-inner")
+    _gate(request)
+    idem = request.idempotency
+    body = {"id": widget.pk, "key": idem.key, "endpoint": idem.endpoint}
+    return Response(body, status=int(request.data.get("status", 201)))
+
+
+@api_view(["POST"])
+@idempotent
+def delegate_outer(request):
+    """Hands its request to another idempotent view: the same scope."""
+    return delegate_inner(request)
+
+
+class DelegatingView(IdempotentMixin, APIView):
+    """A mixin view whose handler delegates to an ``@idempotent`` function."""
+
+    def post(self, request):
+        return delegate_inner(request)
+
+
+@csrf_exempt
+@idempotent(endpoint="POST /delegate/own-request")
+def own_request_inner(request: HttpRequest) -> HttpResponse:
+    """A plain view, called by ``own_request_outer`` with a request of its own."""
+    widget = Widget.objects.create(name="own-request-inner")
+    return JsonResponse({"id": widget.pk}, status=201)
+
+
+@api_view(["POST"])
+@idempotent(endpoint="POST /delegate/own-request")
+def own_request_outer(request):
+    """Builds a new request (same key, another body) for a view of the same endpoint."""
+    from django.test import RequestFactory
+
+    inner = RequestFactory().post(
+        "/somewhere-else", {"rewritten": "yes"}, HTTP_IDEMPOTENCY_KEY=request.idempotency.key
+    )
+    inner.user = request.user
+    response = own_request_inner(inner)
+    return Response({"inner": json.loads(response.content)}, status=response.status_code)
+
+
+@idempotent(endpoint="POST /delegate/inner-endpoint")
+def other_endpoint_inner(request):
+    """An idempotent function with an endpoint of its own: another scope."""
+    Widget.objects.create(name="other-endpoint-inner")
+    return Response({"inner": True}, status=201)
+
+
+@api_view(["POST"])
+@idempotent
+def delegate_other_endpoint(request):
+    """Calls a view of another scope, then answers the status asked for in the body."""
+    inner = other_endpoint_inner(request)
+    Widget.objects.create(name="other-endpoint-outer")
+    body = {"inner": inner.status_code, "endpoint": request.idempotency.endpoint}
+    return Response(body, status=int(request.data.get("status", 201)))
+
+
+DELEGATE_PHASES = ["charged", "shipped"]
+
+
+@idempotent(phases=DELEGATE_PHASES)
+def phased_inner(request):
+    """The second phase of ``delegate_phased``'s work."""
+    idem = request.idempotency
+    if idem.pending("shipped"):
+        with idem.phase("shipped"):
+            Widget.objects.create(name="shipped")
+    return Response({"recovery_point": idem.recovery_point}, status=201)
+
+
+@idempotent(phases=DELEGATE_PHASES)
+@api_view(["POST"])
+def delegate_phased(request):
+    """Runs the first phase, then hands the request to ``phased_inner`` (same scope)."""
+    idem = request.idempotency
+    if idem.pending("charged"):
+        with idem.phase("charged"):
+            Widget.objects.create(name="charged")
+    _crash("after:charged")
+    return phased_inner(request)
