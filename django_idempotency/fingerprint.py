@@ -30,6 +30,7 @@ Inputs, in order, each framed by its length so no two inputs can run together:
      view (``request.body``) when it fits ``DATA_UPLOAD_MAX_MEMORY_SIZE``; forms of
      methods other than POST must fit it (else 413).
    * anything else: the raw bytes.
+   * no body at all: empty raw bytes, whatever its media type (an empty form too).
    * a body a parser consumed as a stream before the claim (DRF's CSRF check under
      session authentication parses it; DRF's JSON and form parsers keep the bytes in
      ``request.body``, so this is only for other parsers): the parser's result,
@@ -73,6 +74,8 @@ _FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
 #: The media type each kind of body implies: a body of that kind under it has no media
 #: type input (any other kind implies none: a raw body sent without ``Content-Type``).
 _IMPLIED_TYPES = {b"json": "application/json", b"form": "application/x-www-form-urlencoded"}
+#: The body input of an empty body, whatever its declared type.
+_EMPTY = (b"raw", b"")
 
 
 def _media_type(request: HttpRequest) -> str:
@@ -80,23 +83,15 @@ def _media_type(request: HttpRequest) -> str:
     return (request.content_type or "").strip().lower()
 
 
-def _content_length(request: HttpRequest) -> int:
-    try:
-        return int(request.META.get("CONTENT_LENGTH") or 0)
-    except ValueError:
-        return -1  # unknown: not an empty body
-
-
-def _media_type_parts(request: HttpRequest, body: list[bytes], media_type: str) -> list[bytes]:
+def _media_type_parts(body: list[bytes], media_type: str) -> list[bytes]:
     """The media type input: none for an empty body or the type its kind implies.
 
     An empty body has no media type that matters: DRF parses no empty body (whatever
     its ``Content-Type``), and clients differ in sending one with no body.
     """
-    kind = body[0]
-    if media_type == _IMPLIED_TYPES.get(kind, ""):
+    if media_type == _IMPLIED_TYPES.get(body[0], ""):
         return []
-    if (kind == b"raw" and not body[1]) or (kind == b"form" and _content_length(request) == 0):
+    if tuple(body) == _EMPTY:
         return []
     return [b"media-type", media_type.encode("utf-8", "surrogateescape")]
 
@@ -191,13 +186,12 @@ def _form_parts(post: Any, files: Any, exclude: Iterable[str]) -> list[bytes]:
     return [b"form", json.dumps([fields, uploads]).encode("ascii")]
 
 
-def _parse_form(request: HttpRequest, media_type: str) -> tuple[Any, Any]:
-    """The fields and files of a form body, leaving the body readable for the view.
+def _form_body(request: HttpRequest) -> bytes | None:
+    """The bytes of a form body, read now where the view can read them again.
 
-    POST: Django's own ``request.POST`` / ``FILES``, parsed from ``request.body``
-    read first when it fits ``DATA_UPLOAD_MAX_MEMORY_SIZE`` (so a view may still read
-    ``request.body``), else streamed as Django does. Other methods: Django parses form
-    bodies of POST only, so a copy of ``request.body`` is parsed here.
+    POST: ``request.body`` when it fits ``DATA_UPLOAD_MAX_MEMORY_SIZE`` (cached on the
+    request, so a view may still read it), else ``None``: Django streams it. Other
+    methods: ``request.body`` (Django parses form bodies of POST only).
     """
     if request.method == "POST":
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
@@ -205,10 +199,21 @@ def _parse_form(request: HttpRequest, media_type: str) -> tuple[Any, Any]:
             length = int(request.META.get("CONTENT_LENGTH") or 0)
         except ValueError:
             length = 0
-        if not getattr(request, "_read_started", False) and (limit is None or length <= limit):
-            request.body  # noqa: B018  (cached on the request: readable again)
+        if getattr(request, "_read_started", False) or (limit is not None and length > limit):
+            return getattr(request, "_body", None)
+    return request.body
+
+
+def _parse_form(request: HttpRequest, media_type: str, body: bytes | None) -> tuple[Any, Any]:
+    """The fields and files of a form body (``body``: :func:`_form_body`'s).
+
+    POST: Django's own ``request.POST`` / ``FILES``, parsed from the body read first
+    when it fits, else streamed as Django does. Other methods: a copy of the body is
+    parsed here.
+    """
+    if request.method == "POST":
         return request.POST, request.FILES
-    body = request.body
+    body = request.body if body is None else body
     if media_type == "application/x-www-form-urlencoded":
         return QueryDict(body, encoding=request.encoding), MultiValueDict()
     return request.parse_file_upload(request.META, io.BytesIO(body))
@@ -249,7 +254,11 @@ def _body_parts(
         media_type = _media_type(request)
     try:
         if media_type in _FORM_TYPES:
-            return _form_parts(*_parse_form(request, media_type), (*exclude, *form_exclude))
+            form_body = _form_body(request)
+            if form_body == b"":  # no body: the same request whatever its media type
+                return list(_EMPTY)
+            post, files = _parse_form(request, media_type, form_body)
+            return _form_parts(post, files, (*exclude, *form_exclude))
         body = request.body
     except RawPostDataException:
         # The stream was consumed by a parser (DRF) before we ran: use its result.
@@ -313,7 +322,7 @@ def compute(
         json.dumps(query).encode("ascii"),
         json.dumps(header_values).encode("ascii"),
         *body,
-        *_media_type_parts(request, body, media_type),
+        *_media_type_parts(body, media_type),
     ]
     digest = hashlib.sha256()
     for part in parts:

@@ -122,7 +122,7 @@ READS = {
     "function": "SELECT replace (name, 'a', 'b') FROM testapp_widget",
     "alias": "SELECT count(*) AS merge FROM testapp_widget",
     "cte-name": "WITH merge AS (SELECT name FROM testapp_widget) "
-    'SELECT replace(name, \'a\', \'b\') AS "update" FROM merge',
+    "SELECT replace(name, 'a', 'b') AS \"update\" FROM merge",
     "literal": "SELECT name FROM testapp_widget WHERE name <> 'insert into x; delete'",
     "comment": "/* delete from testapp_widget */ SELECT count(*) FROM testapp_widget",
 }
@@ -130,8 +130,7 @@ PG_READS = {
     "locking-cte": "WITH ids AS MATERIALIZED (SELECT id FROM testapp_widget) "
     "SELECT t.id FROM testapp_widget t JOIN ids USING (id) FOR NO KEY UPDATE OF t",
     "explain": "EXPLAIN INSERT INTO testapp_widget (name, size) VALUES ('x', 0)",
-    "explain-analyze-off": "EXPLAIN (ANALYZE false, COSTS off) "
-    "DELETE FROM testapp_widget",
+    "explain-analyze-off": "EXPLAIN (ANALYZE false, COSTS off) DELETE FROM testapp_widget",
     "search": "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 3) "
     "SEARCH DEPTH FIRST BY i SET ord SELECT count(*) AS delete FROM n",
     "dollar": "SELECT $q$ insert into testapp_widget $q$ AS copy",
@@ -369,8 +368,7 @@ WRITES = [
     "-- note\nMERGE INTO t USING s ON true WHEN MATCHED THEN DELETE",
     "(INSERT INTO t VALUES (1))",
     "WITH moved AS (DELETE FROM t RETURNING *) SELECT * FROM moved",
-    "WITH a AS (SELECT 1), b AS NOT MATERIALIZED (UPDATE t SET a = 1 RETURNING a) "
-    "SELECT * FROM b",
+    "WITH a AS (SELECT 1), b AS NOT MATERIALIZED (UPDATE t SET a = 1 RETURNING a) SELECT * FROM b",
     "WITH RECURSIVE a(x) AS (SELECT 1) SEARCH DEPTH FIRST BY x SET o, "
     "b AS ((INSERT INTO t VALUES (1) RETURNING *)) SELECT 1",
     "WITH a AS (WITH b AS (DELETE FROM t RETURNING *) SELECT * FROM b) SELECT * FROM a",
@@ -479,11 +477,20 @@ _DML = [
 ]
 
 
+_EXPLAIN_ANALYZE = [
+    "ANALYZE",
+    "ANALYZE VERBOSE",
+    "(ANALYZE)",
+    "(ANALYZE true, FORMAT JSON)",
+    "(BUFFERS, ANALYZE)",
+]
+
+
 @st.composite
 def _cased(draw: st.DrawFn, text: str) -> str:
     """``text`` with each letter in a case of its own."""
     flips = draw(st.lists(st.booleans(), min_size=len(text), max_size=len(text)))
-    return "".join(c.upper() if flip else c.lower() for c, flip in zip(text, flips))
+    return "".join(c.upper() if flip else c.lower() for c, flip in zip(text, flips, strict=True))
 
 
 _space = st.sampled_from([" ", "  ", "\n", "\t", " /* x */ ", " -- x\n"])
@@ -493,7 +500,7 @@ _space = st.sampled_from([" ", "  ", "\n", "\t", " /* x */ ", " -- x\n"])
 def _reads(draw: st.DrawFn) -> str:
     """A read whose functions, aliases, columns, CTE names, literals and comments are
     words of writing commands, in any case."""
-    word, other = draw(st.sampled_from(_WORDS)), draw(st.sampled_from(_WORDS + ["into"]))
+    word, other = draw(st.sampled_from(_WORDS)), draw(st.sampled_from([*_WORDS, "into"]))
     word = draw(_cased(word))
     space = draw(_space)
     parts = draw(
@@ -540,8 +547,7 @@ def _writes(draw: st.DrawFn) -> str:
     if shape == "cte-main":
         return f"WITH {name} AS (SELECT 1 AS {name}){space}{dml}"
     if shape == "explain":
-        options = draw(st.sampled_from(["ANALYZE", "ANALYZE VERBOSE", "(ANALYZE)",
-                                        "(ANALYZE true, FORMAT JSON)", "(BUFFERS, ANALYZE)"]))  # fmt: skip
+        options = draw(st.sampled_from(_EXPLAIN_ANALYZE))
         return f"EXPLAIN {options}{space}{dml}"
     if shape == "after":
         return f"SELECT count(*) AS {name} FROM t;{space}{dml}"
@@ -579,9 +585,7 @@ def test_a_read_elsewhere_that_uses_write_keywords_as_names_passes(
 
 @pytest.mark.postgres
 @pytest.mark.parametrize("name", sorted(PG_READS))
-def test_a_postgres_read_elsewhere_with_write_keywords_passes(
-    records_on_shard: None, name: str
-):
+def test_a_postgres_read_elsewhere_with_write_keywords_passes(records_on_shard: None, name: str):
     """PostgreSQL's reads: a locking CTE, ``EXPLAIN`` without ``ANALYZE`` (the statement
     is not run), ``SEARCH``, an alias ``delete``, a dollar-quoted literal."""
     response = post("/reads-sql", str(uuid.uuid4()), HTTP_X_READ=name)

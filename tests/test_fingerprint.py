@@ -183,8 +183,14 @@ URLENCODED = "application/x-www-form-urlencoded"
 # --- the media type -------------------------------------------------------------------
 
 
-def typed(content_type: str, body: bytes = b'{"a": 1}', method: str = "POST") -> str:
-    return compute(rf.generic(method, "/w", data=body, content_type=content_type))
+def typed(content_type: str, body: bytes = b'{"a": 1}', path: str = "/w") -> str:
+    """The fingerprint of a POST of ``body`` declared as ``content_type`` (also when
+    ``body`` is empty: Django's RequestFactory leaves the type out then)."""
+    request = rf.generic(
+        "POST", path, data=body, content_type=content_type, CONTENT_TYPE=content_type
+    )
+    assert request.content_type == content_type.split(";")[0].strip().lower()
+    return compute(request)
 
 
 def test_the_same_bytes_under_another_media_type_are_another_request():
@@ -217,10 +223,9 @@ def test_urlencoded_and_multipart_forms_of_the_same_fields_differ():
 def test_an_empty_body_has_no_media_type():
     """An empty body is the same request whatever ``Content-Type`` it declares (DRF
     parses no empty body; clients differ in sending a type without a body)."""
-    none = compute(rf.generic("POST", "/w/1/cancel", data=b"", content_type=""))
+    none = typed("", b"", "/w/1/cancel")
     for content_type in ("application/json", "text/plain", URLENCODED, "multipart/form-data"):
-        request = rf.generic("POST", "/w/1/cancel", data=b"", content_type=content_type)
-        assert compute(request) == none, content_type
+        assert typed(content_type, b"", "/w/1/cancel") == none, content_type
 
 
 def test_fingerprints_of_the_implied_media_types_are_those_of_earlier_releases():
@@ -378,9 +383,7 @@ def test_a_form_retried_after_a_new_login_is_replayed():
 
 @pytest.mark.django_db
 @pytest.mark.urls(__name__)
-@override_settings(
-    MIDDLEWARE=CSRF_MIDDLEWARE, IDEMPOTENCY={"FINGERPRINT_FORM_TOKENS": ["nonce"]}
-)
+@override_settings(MIDDLEWARE=CSRF_MIDDLEWARE, IDEMPOTENCY={"FINGERPRINT_FORM_TOKENS": ["nonce"]})
 def test_the_form_tokens_setting_names_the_fields_left_out():
     """``FINGERPRINT_FORM_TOKENS`` replaces the default: here the CSRF token counts
     again (a re-rendered one is another request) and a field ``nonce`` does not."""
@@ -408,3 +411,16 @@ def test_form_tokens_leave_json_bodies_alone():
     ja = fp_json({"item": "x", "csrfmiddlewaretoken": "one"}, form_exclude=tokens)
     jb = fp_json({"item": "x", "csrfmiddlewaretoken": "two"}, form_exclude=tokens)
     assert ja != jb
+
+
+@pytest.mark.django_db
+def test_a_bodiless_retry_is_replayed_whatever_content_type_it_declares(key: str):
+    """A POST without a body declared as a form (``curl -d ''``) and its retry sent
+    without ``Content-Type`` are one request: the retry is replayed."""
+    client = Client()
+    client.force_login(UserFactory(username="bodiless"))
+    first = client.post("/plain", b"", content_type=URLENCODED, CONTENT_TYPE=URLENCODED,
+                        HTTP_IDEMPOTENCY_KEY=key)  # fmt: skip
+    assert first.status_code == 201, first.content
+    again = client.generic("POST", "/plain", b"", HTTP_IDEMPOTENCY_KEY=key)
+    assert again.status_code == 201 and again["Idempotent-Replayed"] == "true"
