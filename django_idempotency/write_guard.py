@@ -55,6 +55,15 @@ _STATEMENT_STARTS = frozenset(
         "REPLACE", "UPSERT", "EXECUTE", "CREATE", "DECLARE",
     }
 )  # fmt: skip
+#: The words of ``BEGIN`` as transaction control (PostgreSQL, SQLite, MySQL); with any
+#: other word it opens a block of procedural code (Oracle's anonymous ``BEGIN ... END``).
+_BEGIN_WORDS = frozenset(
+    {
+        "TRANSACTION", "WORK", "ISOLATION", "LEVEL", "SERIALIZABLE", "REPEATABLE", "READ",
+        "COMMITTED", "UNCOMMITTED", "WRITE", "ONLY", "NOT", "DEFERRABLE", "DEFERRED",
+        "IMMEDIATE", "EXCLUSIVE", ",", ";",
+    }
+)  # fmt: skip
 #: Substrings without which no statement can write: most reads skip the parse.
 _HINTS = tuple(word.lower() for word in _WRITE_COMMANDS | {"INTO"})
 #: What a literal (a string, a dollar-quoted body) is reduced to: never a word. A number
@@ -118,7 +127,8 @@ def _kind_writes(words: list[str]) -> bool:
     function ``replace()``, an alias ``AS merge``, ``FOR UPDATE``) decides nothing. A
     ``WITH`` query writes when one of its parts or its main statement does,
     ``EXPLAIN`` when it analyses a statement that writes, ``PREPARE`` when its
-    statement does, and a ``SELECT`` when it has ``INTO`` (it creates a table).
+    statement does, and a ``SELECT`` when it has ``INTO`` (it creates a table). A block
+    of procedural code (``BEGIN ... END``, ``DECLARE ... BEGIN``) writes, like ``DO``.
     """
     start = 0
     while start < len(words) and words[start] == "(":
@@ -135,8 +145,12 @@ def _kind_writes(words: list[str]) -> bool:
     if first == "PREPARE":  # PREPARE name [(types)] AS statement (not PREPARE TRANSACTION)
         return "AS" in rest and _kind_writes(rest[rest.index("AS") + 1 :])
     if first == "DECLARE":  # DECLARE name ... CURSOR ... FOR query
-        after = rest[rest.index("CURSOR") + 1 :] if "CURSOR" in rest else rest
+        if "CURSOR" not in rest:
+            return True  # a block of procedural code (DECLARE ... BEGIN ... END), like DO
+        after = rest[rest.index("CURSOR") + 1 :]
         return "FOR" in after and _kind_writes(after[after.index("FOR") + 1 :])
+    if first == "BEGIN":  # transaction control, or a block of procedural code, like DO
+        return not all(part in _BEGIN_WORDS for word in rest for part in word.split())
     if first in ("SELECT", "VALUES", "TABLE"):
         return "INTO" in rest  # SELECT ... INTO creates a table; INTO is reserved
     return False
@@ -255,8 +269,25 @@ def writes(sql: object, connection: Any = None) -> bool:
         if nested is not None:
             texts.append(nested)
     return any(
-        _kind_writes(_words(statement)) for each in texts for statement in sqlparse.parse(each)
+        _kind_writes(piece)
+        for each in texts
+        for statement in sqlparse.parse(each)
+        for piece in _pieces(_words(statement))
     )
+
+
+def _pieces(words: list[str]) -> Iterator[list[str]]:
+    """``words`` split at each ``;``, each piece a statement of its own.
+
+    sqlparse keeps what follows ``BEGIN ...;`` in one statement (a block, to it), where
+    the server may run several statements.
+    """
+    start = 0
+    for index, word in enumerate(words):
+        if word == ";":
+            yield words[start:index]
+            start = index + 1
+    yield words[start:]
 
 
 class CrossDatabaseWrite(RuntimeError):

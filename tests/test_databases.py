@@ -402,6 +402,8 @@ WRITES = [
     "VACUUM t",
     "REFRESH MATERIALIZED VIEW v",
     "COMMENT ON TABLE t IS 'x'",
+    "BEGIN INSERT INTO t VALUES (1); END;",
+    "DECLARE n NUMBER; BEGIN DELETE FROM t; END;",
 ]
 
 #: Statements the guard lets through: reads, whatever words they use.
@@ -442,6 +444,8 @@ READS_LIST = [
     "LISTEN widgets_changed",
     "SHOW lock_timeout",
     "LOCK TABLE t IN SHARE MODE",
+    "BEGIN ISOLATION LEVEL SERIALIZABLE, READ ONLY; SELECT replace(a, 'b', 'c') FROM t",
+    "BEGIN IMMEDIATE TRANSACTION; SELECT count(*) AS merge FROM t",
 ]
 
 
@@ -450,7 +454,8 @@ def test_statements_that_write(sql: str):
     """Every kind of statement that writes is refused: DML in any case, behind
     comments and parentheses, in a ``WITH`` part or as its main statement, after a
     read in one string, under ``EXPLAIN ANALYZE``; DDL, ``COPY``, ``DO``, ``CALL``,
-    ``EXECUTE``, ``NOTIFY``, ``SELECT ... INTO``."""
+    ``EXECUTE``, ``NOTIFY``, ``SELECT ... INTO``, a procedural block (``BEGIN ... END``,
+    Oracle's anonymous blocks)."""
     assert writes(sql)
 
 

@@ -1344,6 +1344,14 @@ MUTANTS: list[Mutant] = [
         backends=(PG,),
         what="a view's own `RELEASE name` leaves the holding on: a failing release hidden",
     ),
+    m(
+        "W17",
+        "write_guard.py",
+        "        return not all(part in _BEGIN_WORDS for word in rest for part in word.split())\n",
+        "        return False\n",
+        tests=(f"{DATABASES}::test_statements_that_write",),
+        what="a procedural block (`BEGIN INSERT ...; END`, Oracle) read as transaction control",
+    ),
 ]
 
 
