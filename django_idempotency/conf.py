@@ -26,6 +26,7 @@ DEFAULTS: dict[str, Any] = {
     "REPLAY_DENY_HEADERS": (),
     "FINGERPRINT_EXCLUDE": (),
     "FINGERPRINT_HEADERS": (),
+    "FINGERPRINT_FORM_TOKENS": ("csrfmiddlewaretoken",),
     "PRINCIPAL_RESOLVER": "django_idempotency.principals.user_principal",
     "RELEASE_STATUSES": (408, 409, 425, 429),
     "RELEASE_PREDICATE": None,
@@ -156,6 +157,17 @@ class IdempotencySettings:
     def fingerprint_headers(self) -> tuple[str, ...]:
         """Request headers whose values are part of the fingerprint."""
         return tuple(self.get("FINGERPRINT_HEADERS"))
+
+    @property
+    def fingerprint_form_tokens(self) -> tuple[str, ...]:
+        """Form fields carrying a per-render token, left out of form fingerprints.
+
+        By default Django's CSRF field, ``csrfmiddlewaretoken``: Django masks the token
+        afresh on every render and rotates it at login, so a retried form carries
+        another value for the same request. Only form bodies (urlencoded, multipart)
+        are affected; ``[]`` puts the field back into the fingerprint.
+        """
+        return _names(self.get("FINGERPRINT_FORM_TOKENS"))
 
     @property
     def principal_resolver(self) -> Callable[..., str | None]:

@@ -30,11 +30,26 @@ Inputs, in order, each framed by its length so no two inputs can run together:
      view (``request.body``) when it fits ``DATA_UPLOAD_MAX_MEMORY_SIZE``; forms of
      methods other than POST must fit it (else 413).
    * anything else: the raw bytes.
+   * no body at all: empty raw bytes, whatever its media type (an empty form too).
    * a body a parser consumed as a stream before the claim (DRF's CSRF check under
      session authentication parses it; DRF's JSON and form parsers keep the bytes in
      ``request.body``, so this is only for other parsers): the parser's result,
      canonically serialised, its floats counted as the decimals they print as (what
      the view sees, too).
+
+   Form fields that carry a per-render token (``FINGERPRINT_FORM_TOKENS``, by default
+   Django's ``csrfmiddlewaretoken``, masked afresh on every render) are left out of
+   form bodies, like ``FINGERPRINT_EXCLUDE``'s fields.
+
+7. the body's media type (``type/subtype``, lower case, RFC 9110 §8.3.1; parameters
+   such as ``charset`` do not count, the JSON text is decoded with it already), unless
+   the body is empty or the type is the one its kind implies: ``application/json`` for
+   a JSON body, ``application/x-www-form-urlencoded`` for a form, none for raw bytes.
+   The same bytes under another type are another request (a view's parser may refuse
+   that type). Leaving the implied type out keeps the fingerprints of such requests
+   what they were before the media type counted, so the version tag stays ``fp1``:
+   each input is framed by its length, so a list with this input never hashes like
+   one without it.
 """
 
 from __future__ import annotations
@@ -56,10 +71,29 @@ from . import exact_json
 
 VERSION = b"fp1"
 _FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
+#: The media type each kind of body implies: a body of that kind under it has no media
+#: type input (any other kind implies none: a raw body sent without ``Content-Type``).
+_IMPLIED_TYPES = {b"json": "application/json", b"form": "application/x-www-form-urlencoded"}
+#: The body input of an empty body, whatever its declared type.
+_EMPTY = (b"raw", b"")
 
 
 def _media_type(request: HttpRequest) -> str:
-    return (request.content_type or "").lower()
+    """``type/subtype`` of the request's ``Content-Type``, lower case, no parameters."""
+    return (request.content_type or "").strip().lower()
+
+
+def _media_type_parts(body: list[bytes], media_type: str) -> list[bytes]:
+    """The media type input: none for an empty body or the type its kind implies.
+
+    An empty body has no media type that matters: DRF parses no empty body (whatever
+    its ``Content-Type``), and clients differ in sending one with no body.
+    """
+    if media_type == _IMPLIED_TYPES.get(body[0], ""):
+        return []
+    if tuple(body) == _EMPTY:
+        return []
+    return [b"media-type", media_type.encode("utf-8", "surrogateescape")]
 
 
 def is_json(media_type: str) -> bool:
@@ -152,13 +186,12 @@ def _form_parts(post: Any, files: Any, exclude: Iterable[str]) -> list[bytes]:
     return [b"form", json.dumps([fields, uploads]).encode("ascii")]
 
 
-def _parse_form(request: HttpRequest, media_type: str) -> tuple[Any, Any]:
-    """The fields and files of a form body, leaving the body readable for the view.
+def _form_body(request: HttpRequest) -> bytes | None:
+    """The bytes of a form body, read now where the view can read them again.
 
-    POST: Django's own ``request.POST`` / ``FILES``, parsed from ``request.body``
-    read first when it fits ``DATA_UPLOAD_MAX_MEMORY_SIZE`` (so a view may still read
-    ``request.body``), else streamed as Django does. Other methods: Django parses form
-    bodies of POST only, so a copy of ``request.body`` is parsed here.
+    POST: ``request.body`` when it fits ``DATA_UPLOAD_MAX_MEMORY_SIZE`` (cached on the
+    request, so a view may still read it), else ``None``: Django streams it. Other
+    methods: ``request.body`` (Django parses form bodies of POST only).
     """
     if request.method == "POST":
         limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
@@ -166,10 +199,21 @@ def _parse_form(request: HttpRequest, media_type: str) -> tuple[Any, Any]:
             length = int(request.META.get("CONTENT_LENGTH") or 0)
         except ValueError:
             length = 0
-        if not getattr(request, "_read_started", False) and (limit is None or length <= limit):
-            request.body  # noqa: B018  (cached on the request: readable again)
+        if getattr(request, "_read_started", False) or (limit is not None and length > limit):
+            return getattr(request, "_body", None)
+    return request.body
+
+
+def _parse_form(request: HttpRequest, media_type: str, body: bytes | None) -> tuple[Any, Any]:
+    """The fields and files of a form body (``body``: :func:`_form_body`'s).
+
+    POST: Django's own ``request.POST`` / ``FILES``, parsed from the body read first
+    when it fits, else streamed as Django does. Other methods: a copy of the body is
+    parsed here.
+    """
+    if request.method == "POST":
         return request.POST, request.FILES
-    body = request.body
+    body = request.body if body is None else body
     if media_type == "application/x-www-form-urlencoded":
         return QueryDict(body, encoding=request.encoding), MultiValueDict()
     return request.parse_file_upload(request.META, io.BytesIO(body))
@@ -181,7 +225,9 @@ def _json_default(value: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
-def _parsed_parts(parsed: Any, media_type: str, exclude: Iterable[str]) -> list[bytes]:
+def _parsed_parts(
+    parsed: Any, media_type: str, exclude: Iterable[str], form_exclude: Iterable[str]
+) -> list[bytes]:
     """Parts for a body a parser (DRF) consumed before the fingerprint was taken."""
     if hasattr(parsed, "lists"):  # QueryDict / MultiValueDict: fields, maybe files
         post: MultiValueDict[str, Any] = MultiValueDict()
@@ -190,25 +236,35 @@ def _parsed_parts(parsed: Any, media_type: str, exclude: Iterable[str]) -> list[
             for value in values:
                 target = files if hasattr(value, "chunks") else post
                 target.appendlist(name, value)
-        if media_type in _FORM_TYPES:
-            return _form_parts(post, files, exclude)
-        return [b"parsed-form", _form_parts(post, files, exclude)[1]]
+        form = _form_parts(post, files, (*exclude, *form_exclude))
+        return form if media_type in _FORM_TYPES else [b"parsed-form", form[1]]
     if is_json(media_type):
         return [b"json", canonical_json(parsed, exclude)]
     return [b"parsed", canonical_json(parsed, exclude, default=_json_default)]
 
 
-def _body_parts(request: HttpRequest, parsed: Any, exclude: Iterable[str]) -> list[bytes]:
-    media_type = _media_type(request)
+def _body_parts(
+    request: HttpRequest,
+    parsed: Any,
+    exclude: Iterable[str],
+    form_exclude: Iterable[str] = (),
+    media_type: str | None = None,
+) -> list[bytes]:
+    if media_type is None:
+        media_type = _media_type(request)
     try:
         if media_type in _FORM_TYPES:
-            return _form_parts(*_parse_form(request, media_type), exclude)
+            form_body = _form_body(request)
+            if form_body == b"":  # no body: the same request whatever its media type
+                return list(_EMPTY)
+            post, files = _parse_form(request, media_type, form_body)
+            return _form_parts(post, files, (*exclude, *form_exclude))
         body = request.body
     except RawPostDataException:
         # The stream was consumed by a parser (DRF) before we ran: use its result.
         if parsed is None:
             raise
-        return _parsed_parts(parsed, media_type, exclude)
+        return _parsed_parts(parsed, media_type, exclude, form_exclude)
     if is_json(media_type) and body:
         try:
             # Decoded with the declared charset, as DRF's JSONParser does: the same
@@ -228,12 +284,15 @@ def compute(
     exclude: Iterable[str] = (),
     headers: Iterable[str] = (),
     parsed_body: Any = None,
+    form_exclude: Iterable[str] = (),
 ) -> str:
     """Return the hex SHA-256 fingerprint of ``request``.
 
     Args:
         request: the Django ``HttpRequest`` (for DRF, ``request._request``).
         exclude: body fields left out (dotted paths, see :func:`canonical_json`).
+        form_exclude: field names left out of form bodies only (the per-render tokens
+            of ``FINGERPRINT_FORM_TOKENS``); JSON bodies keep fields of these names.
         headers: request header names included in the hash, case-insensitive.
         parsed_body: an already parsed body (DRF's ``request.data``), used only when
             the raw stream was consumed before the fingerprint was taken.
@@ -254,13 +313,16 @@ def compute(
         parse_qsl(request.META.get("QUERY_STRING", ""), keep_blank_values=True, encoding="latin-1")
     )
     header_values = sorted((name.lower(), request.headers.get(name, "")) for name in headers)
+    media_type = _media_type(request)
+    body = _body_parts(request, parsed_body, exclude, form_exclude, media_type)
     parts: list[bytes] = [
         VERSION,
         (request.method or "").upper().encode("ascii", "replace"),
         request.path.encode("utf-8", "surrogateescape"),
         json.dumps(query).encode("ascii"),
         json.dumps(header_values).encode("ascii"),
-        *_body_parts(request, parsed_body, exclude),
+        *body,
+        *_media_type_parts(body, media_type),
     ]
     digest = hashlib.sha256()
     for part in parts:

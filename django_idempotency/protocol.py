@@ -134,6 +134,7 @@ def _fingerprint(request: Any, http: HttpRequest, options: Options) -> str | Res
             exclude=options.get_fingerprint_exclude(),
             headers=options.get_fingerprint_headers(),
             parsed_body=parsed,
+            form_exclude=conf.fingerprint_form_tokens,
         )
     except RequestDataTooBig:
         return _problem(

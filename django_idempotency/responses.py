@@ -17,16 +17,31 @@ that belong to one exchange rather than to the response:
   prefix). Always wins.
 
 Every replay carries ``Idempotent-Replayed: true``.
+
+Headers that describe the body are stored with it, including those a middleware sets
+after the view returns from the request's state: Django's ``LocaleMiddleware`` labels a
+response ``Content-Language`` with the language active for the request, unless the
+response has one. The snapshot is taken inside the view's wrapper, before middleware
+runs, so it sets that label itself (on the response and on what is stored); a replay
+carries the first response's language, and the retry's ``Accept-Language`` does not
+relabel it. Middleware that transforms the body as it labels it (``GZipMiddleware``:
+``Content-Encoding`` and the compressed bytes) works on the stored body again for each
+replay, so its label and the body it sends agree.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterable, Iterable
 from dataclasses import dataclass
 
 from asgiref.sync import async_to_sync
+from django.conf import settings
 from django.http import HttpResponse
 from django.http.response import HttpResponseBase
+from django.middleware.locale import LocaleMiddleware
+from django.utils import translation
+from django.utils.module_loading import import_string
 
 from .conf import conf
 from .store import StoredResponse
@@ -178,6 +193,38 @@ def response_body(response: HttpResponseBase) -> bytes:
     return bytes(response.content)  # type: ignore[attr-defined]
 
 
+@functools.lru_cache(maxsize=8)
+def _labels_language(middleware: tuple[str, ...]) -> bool:
+    """Whether ``middleware`` (dotted paths) holds Django's ``LocaleMiddleware``."""
+    for dotted in middleware:
+        try:
+            factory = import_string(dotted)
+        except ImportError:  # Django itself fails on it first
+            continue
+        if isinstance(factory, type) and issubclass(factory, LocaleMiddleware):
+            return True
+    return False
+
+
+def label_language(response: HttpResponseBase) -> None:
+    """Set ``Content-Language`` as ``LocaleMiddleware`` will, before it is stored.
+
+    ``LocaleMiddleware`` labels the response with the language active when it comes
+    back through the middleware (the request's), unless it has a label already; that
+    is after the snapshot. Set here, the label is stored and replayed with the body it
+    describes, and the middleware keeps it, on the first response and on a replay to a
+    retry in another language. Nothing is set where no ``LocaleMiddleware`` is
+    installed, or where the view set the header itself.
+    """
+    if response.has_header("Content-Language"):
+        return
+    if not _labels_language(tuple(getattr(settings, "MIDDLEWARE", None) or ())):
+        return
+    language = translation.get_language()
+    if language:
+        response["Content-Language"] = language
+
+
 def snapshot(response: HttpResponseBase, extra_headers: Iterable[str]) -> StoredResponse:
     """What to store of ``response``: status, every allowed header, body bytes.
 
@@ -187,8 +234,10 @@ def snapshot(response: HttpResponseBase, extra_headers: Iterable[str]) -> Stored
             (``REPLAY_HEADERS`` plus the view's ``replay_headers=``).
 
     A streaming response is consumed; pass the result to :func:`build` to answer
-    with it (the original's iterator is spent).
+    with it (the original's iterator is spent). ``Content-Language`` is set first
+    where ``LocaleMiddleware`` would set it later (:func:`label_language`).
     """
+    label_language(response)
     headers = HeaderPolicy.current(extra_headers).filter(response.items())
     return StoredResponse(response.status_code, headers, response_body(response))
 

@@ -12,6 +12,7 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpResponse
 from django.urls import include, path
+from django.utils import translation
 from rest_framework.decorators import api_view
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -116,6 +117,16 @@ def own_problems(request: Any) -> HttpResponse:
     return HttpResponse(json.dumps(body), status=status, content_type="application/problem+json")
 
 
+@api_view(["POST"])
+@idempotent
+def localised(request: Any) -> Response:
+    """A body in the request's language (Django's own German catalogue, for one)."""
+    widget = Widget.objects.create(name="localised")
+    message = translation.gettext("This field is required.")
+    # Long enough for GZipMiddleware to compress it (200 bytes and more).
+    return Response({"id": widget.pk, "message": message, "padding": "." * 240}, status=201)
+
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("x/export", export),
@@ -123,5 +134,6 @@ urlpatterns = [
     path("x/receipt", ReceiptView.as_view()),
     path("x/method", MethodView.as_view()),
     path("x/own", own_problems),
+    path("x/localised", localised),
     path("", include("tests.testapp.urls")),
 ]

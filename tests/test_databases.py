@@ -23,6 +23,8 @@ from django.db import DatabaseError, connections, transaction
 from django.http import HttpRequest, JsonResponse
 from django.test import Client
 from django.urls import path
+from hypothesis import given
+from hypothesis import strategies as st
 
 from django_idempotency import outbox, store
 from django_idempotency.checks_databases import (
@@ -114,6 +116,45 @@ def reads_default(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"widgets": Widget.objects.using("default").count()}, status=201)
 
 
+#: Reads of ``default`` that use write keywords as names, run by ``/reads-sql``. Each is
+#: valid on SQLite and PostgreSQL; the second group needs PostgreSQL.
+READS = {
+    "function": "SELECT replace (name, 'a', 'b') FROM testapp_widget",
+    "alias": "SELECT count(*) AS merge FROM testapp_widget",
+    "cte-name": "WITH merge AS (SELECT name FROM testapp_widget) "
+    "SELECT replace(name, 'a', 'b') AS \"update\" FROM merge",
+    "literal": "SELECT name FROM testapp_widget WHERE name <> 'insert into x; delete'",
+    "comment": "/* delete from testapp_widget */ SELECT count(*) FROM testapp_widget",
+}
+PG_READS = {
+    "locking-cte": "WITH ids AS MATERIALIZED (SELECT id FROM testapp_widget) "
+    "SELECT t.id FROM testapp_widget t JOIN ids USING (id) FOR NO KEY UPDATE OF t",
+    "explain": "EXPLAIN INSERT INTO testapp_widget (name, size) VALUES ('x', 0)",
+    "explain-analyze-off": "EXPLAIN (ANALYZE false, COSTS off) DELETE FROM testapp_widget",
+    "search": "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 3) "
+    "SEARCH DEPTH FIRST BY i SET ord SELECT count(*) AS delete FROM n",
+    "dollar": "SELECT $q$ insert into testapp_widget $q$ AS copy",
+}
+
+
+@idempotent(principal=principal)
+def reads_sql(request: HttpRequest) -> JsonResponse:
+    """Runs the read ``X-Read`` names on ``default`` (its record is on shard)."""
+    sql = {**READS, **PG_READS}[request.headers["X-Read"]]
+    with connections["default"].cursor() as cursor:
+        cursor.execute(sql)
+        rows = len(cursor.fetchall())
+    return JsonResponse({"rows": rows}, status=201)
+
+
+@idempotent(principal=principal)
+def notifies(request: HttpRequest) -> JsonResponse:
+    """Sends ``NOTIFY`` on ``default`` (its record is on shard): a write of a kind."""
+    with connections["default"].cursor() as cursor:
+        cursor.execute("NOTIFY widgets_changed, 'from the view'")
+    return JsonResponse({}, status=201)
+
+
 @idempotent(principal=principal, phases=["write"])
 def phased(request: HttpRequest) -> JsonResponse:
     """A phased view: each phase commits on its own, a write elsewhere is an effect."""
@@ -129,6 +170,8 @@ urlpatterns = [
     path("swallows", swallows),
     path("reads-default", reads_default),
     path("phased", phased),
+    path("reads-sql", reads_sql),
+    path("notifies", notifies),
 ]
 
 
@@ -317,40 +360,263 @@ def test_the_guard_ends_with_the_view(records_on_shard: None):
     assert widgets("default") == 1
 
 
-@pytest.mark.parametrize(
-    "sql",
-    [
-        "INSERT INTO t VALUES (1)",
-        "  update t set a = 1",
-        "/* note */ DELETE FROM t",
-        "-- note\nMERGE INTO t USING s ON true WHEN MATCHED THEN DELETE",
-        "(INSERT INTO t VALUES (1))",
-        "WITH moved AS (DELETE FROM t RETURNING *) SELECT * FROM moved",
-        "CREATE TABLE t (a int)",
-        "TRUNCATE t",
-        "REPLACE INTO t VALUES (1)",
-    ],
-)
+#: Statements the guard refuses: every kind that writes, however it is spelled.
+WRITES = [
+    "INSERT INTO t VALUES (1)",
+    "  update t set a = 1",
+    "/* note */ DELETE FROM t",
+    "-- note\nMERGE INTO t USING s ON true WHEN MATCHED THEN DELETE",
+    "(INSERT INTO t VALUES (1))",
+    "WITH moved AS (DELETE FROM t RETURNING *) SELECT * FROM moved",
+    "WITH a AS (SELECT 1), b AS NOT MATERIALIZED (UPDATE t SET a = 1 RETURNING a) SELECT * FROM b",
+    "WITH RECURSIVE a(x) AS (SELECT 1) SEARCH DEPTH FIRST BY x SET o, "
+    "b AS ((INSERT INTO t VALUES (1) RETURNING *)) SELECT 1",
+    "WITH a AS (WITH b AS (DELETE FROM t RETURNING *) SELECT * FROM b) SELECT * FROM a",
+    "WITH a AS (SELECT 1) INSERT INTO t SELECT * FROM a",
+    "WITH merge AS (SELECT 1) MERGE INTO t USING merge ON true WHEN MATCHED THEN DELETE",
+    "CREATE TABLE t (a int)",
+    "TRUNCATE t",
+    "DROP TABLE t",
+    "ALTER TABLE t ADD b int",
+    "REPLACE INTO t VALUES (1)",
+    "COPY t FROM STDIN",
+    "COPY (SELECT 1) TO STDOUT",
+    "DO $$ BEGIN INSERT INTO t VALUES (1); END $$",
+    "CALL refill()",
+    "EXECUTE prepared_insert",
+    "PREPARE p AS INSERT INTO t VALUES (1)",
+    "NOTIFY widgets_changed",
+    "SELECT 1 AS n INTO TEMP TABLE copied",
+    "SELECT * INTO new_t FROM t",
+    "EXPLAIN ANALYZE INSERT INTO t VALUES (1)",
+    "EXPLAIN ANALYSE VERBOSE DELETE FROM t",
+    "EXPLAIN (ANALYZE, FORMAT JSON) UPDATE t SET a = 1",
+    "EXPLAIN (ANALYZE true) WITH x AS (DELETE FROM t RETURNING *) SELECT * FROM x",
+    "EXPLAIN (ANALYZE 1) EXECUTE prepared_insert",
+    "SELECT 1; INSERT INTO t VALUES (1)",
+    "SELECT replace(a, 'x', 'y') FROM t; delete from t",
+    "/* outer /* inner */ still a comment */ INSERT INTO t VALUES (1)",
+    "/* nested /* as PostgreSQL reads it */ SELECT 1 */ DELETE FROM t",
+    "/* ended at the first */ DELETE FROM t /* as SQLite reads it */",
+    "GRANT SELECT ON t TO someone",
+    "VACUUM t",
+    "REFRESH MATERIALIZED VIEW v",
+    "COMMENT ON TABLE t IS 'x'",
+    "BEGIN INSERT INTO t VALUES (1); END;",
+    "DECLARE n NUMBER; BEGIN DELETE FROM t; END;",
+]
+
+#: Statements the guard lets through: reads, whatever words they use.
+READS_LIST = [
+    "SELECT 1",
+    "SELECT * FROM t FOR UPDATE",
+    "SELECT * FROM t FOR NO KEY UPDATE OF t SKIP LOCKED",
+    "SAVEPOINT s1",
+    "RELEASE SAVEPOINT s1",
+    "RELEASE s1",
+    "ROLLBACK TO SAVEPOINT s1",
+    "BEGIN",
+    "SET LOCAL lock_timeout = '1s'",
+    "WITH x AS (SELECT 1) SELECT * FROM x",
+    "SELECT updated_at FROM t",
+    "SELECT replace (name, 'a', 'b') FROM t",
+    "SELECT count(*) AS merge FROM t",
+    "SELECT t.delete, t.insert FROM t",
+    "SELECT a AS update, b AS truncate FROM t",
+    'SELECT "insert", "merge" FROM "update"',
+    "SELECT * FROM t WHERE name = 'insert into t' OR name = 'delete'",
+    "SELECT $x$ DELETE FROM t $x$",
+    "-- delete from t\nSELECT 1",
+    "WITH merge AS (SELECT replace(a, 'b', 'c') FROM t) SELECT * FROM merge",
+    "WITH RECURSIVE n(i) AS NOT MATERIALIZED (SELECT 1 UNION ALL SELECT i + 1 FROM n) "
+    "CYCLE i SET is_cycle USING path SELECT count(*) AS delete FROM n",
+    "WITH ids AS (SELECT id FROM t) SELECT t.id FROM t JOIN ids USING (id) FOR UPDATE OF t",
+    "(SELECT 1) UNION (SELECT 2)",
+    "VALUES (1), (2)",
+    "TABLE t",
+    "EXPLAIN INSERT INTO t VALUES (1)",
+    "EXPLAIN (ANALYZE false) DELETE FROM t",
+    "EXPLAIN (ANALYZE off, COSTS off) UPDATE t SET a = 1",
+    "EXPLAIN (ANALYZE 0) MERGE INTO t USING s ON true WHEN MATCHED THEN DELETE",
+    "EXPLAIN ANALYZE SELECT replace(a, 'b', 'c') FROM t",
+    "PREPARE p AS SELECT replace(a, 'b', 'c') FROM t",
+    "DECLARE c CURSOR WITH HOLD FOR SELECT * FROM t FOR UPDATE",
+    "LISTEN widgets_changed",
+    "SHOW lock_timeout",
+    "LOCK TABLE t IN SHARE MODE",
+    "BEGIN ISOLATION LEVEL SERIALIZABLE, READ ONLY; SELECT replace(a, 'b', 'c') FROM t",
+    "BEGIN IMMEDIATE TRANSACTION; SELECT count(*) AS merge FROM t",
+]
+
+
+@pytest.mark.parametrize("sql", WRITES)
 def test_statements_that_write(sql: str):
+    """Every kind of statement that writes is refused: DML in any case, behind
+    comments and parentheses, in a ``WITH`` part or as its main statement, after a
+    read in one string, under ``EXPLAIN ANALYZE``; DDL, ``COPY``, ``DO``, ``CALL``,
+    ``EXECUTE``, ``NOTIFY``, ``SELECT ... INTO``, a procedural block (``BEGIN ... END``,
+    Oracle's anonymous blocks)."""
     assert writes(sql)
 
 
-@pytest.mark.parametrize(
-    "sql",
-    [
-        "SELECT 1",
-        "SELECT * FROM t FOR UPDATE",
-        "SAVEPOINT s1",
-        "RELEASE SAVEPOINT s1",
-        "ROLLBACK TO SAVEPOINT s1",
-        "BEGIN",
-        "SET LOCAL lock_timeout = '1s'",
-        "WITH x AS (SELECT 1) SELECT * FROM x",
-        "SELECT updated_at FROM t",
-    ],
-)
+@pytest.mark.parametrize("sql", READS_LIST)
 def test_statements_that_do_not_write(sql: str):
+    """Reads pass whatever keywords they use as functions, aliases, names, literals
+    and comments; row locks, ``EXPLAIN`` without ``ANALYZE`` and transaction control
+    are reads."""
     assert not writes(sql)
+
+
+#: Words the guard reads as writing commands (and ``INTO``), used as names in reads.
+_WORDS = [
+    "insert", "update", "delete", "merge", "replace", "upsert", "truncate", "create",
+    "alter", "drop", "rename", "copy", "grant", "revoke", "comment", "call", "do",
+    "refresh", "reindex", "cluster", "vacuum", "import", "security", "execute", "notify",
+    "load", "reassign",
+]  # fmt: skip
+_DML = [
+    "INSERT INTO t (a) VALUES (1) RETURNING a",
+    "UPDATE t SET a = 1 RETURNING a",
+    "DELETE FROM t RETURNING a",
+    "MERGE INTO t USING s ON t.a = s.a WHEN MATCHED THEN DELETE",
+]
+
+
+_EXPLAIN_ANALYZE = [
+    "ANALYZE",
+    "ANALYZE VERBOSE",
+    "(ANALYZE)",
+    "(ANALYZE true, FORMAT JSON)",
+    "(BUFFERS, ANALYZE)",
+]
+
+
+@st.composite
+def _cased(draw: st.DrawFn, text: str) -> str:
+    """``text`` with each letter in a case of its own."""
+    flips = draw(st.lists(st.booleans(), min_size=len(text), max_size=len(text)))
+    return "".join(c.upper() if flip else c.lower() for c, flip in zip(text, flips, strict=True))
+
+
+_space = st.sampled_from([" ", "  ", "\n", "\t", " /* x */ ", " -- x\n"])
+
+
+@st.composite
+def _reads(draw: st.DrawFn) -> str:
+    """A read whose functions, aliases, columns, CTE names, literals and comments are
+    words of writing commands, in any case."""
+    word, other = draw(st.sampled_from(_WORDS)), draw(st.sampled_from([*_WORDS, "into"]))
+    word = draw(_cased(word))
+    space = draw(_space)
+    parts = draw(
+        st.lists(
+            st.sampled_from(
+                [
+                    f"{word}(a)",
+                    f"count(*) AS {word}",
+                    f"t.{word}",
+                    f'"{other}"',
+                    f"'{other} into t'",
+                    f"a{space}AS{space}{word}",
+                ]
+            ),
+            min_size=1,
+            max_size=3,
+        )
+    )
+    select = f"SELECT{space}{', '.join(parts)}{space}FROM t"
+    shape = draw(st.sampled_from(["plain", "cte", "locked", "commented", "explained"]))
+    if shape == "cte":
+        return f"WITH {word} AS ({select}) SELECT * FROM {word}"
+    if shape == "locked":
+        return f"{select} FOR {draw(st.sampled_from(['UPDATE', 'NO KEY UPDATE']))}"
+    if shape == "commented":
+        return f"/* {other} */ -- {word}\n{select}"
+    if shape == "explained":
+        return f"EXPLAIN {draw(st.sampled_from(_DML))}"
+    return select
+
+
+@st.composite
+def _writes(draw: st.DrawFn) -> str:
+    """A statement that writes: DML in any case, spelled in any of its positions."""
+    dml = draw(_cased(draw(st.sampled_from(_DML))))
+    name = draw(st.sampled_from(_WORDS))
+    space = draw(_space)
+    shape = draw(st.sampled_from(["plain", "cte", "cte-main", "explain", "after", "paren"]))
+    if shape == "cte":
+        kind = draw(st.sampled_from(["", "MATERIALIZED ", "NOT MATERIALIZED "]))
+        reads = draw(st.integers(0, 2))
+        before = "".join(f"r{i}(x) AS (SELECT {name}(x) FROM t), " for i in range(reads))
+        return f"WITH {before}{name} AS {kind}({dml}) SELECT * FROM {name}"
+    if shape == "cte-main":
+        return f"WITH {name} AS (SELECT 1 AS {name}){space}{dml}"
+    if shape == "explain":
+        options = draw(st.sampled_from(_EXPLAIN_ANALYZE))
+        return f"EXPLAIN {options}{space}{dml}"
+    if shape == "after":
+        return f"SELECT count(*) AS {name} FROM t;{space}{dml}"
+    if shape == "paren":
+        return f"{space}({dml})"
+    return f"/* {name} */{space}{dml}"
+
+
+@given(_reads())
+def test_a_read_is_never_refused_for_the_words_it_uses(sql: str):
+    """Property: a read whose names and literals are words of writing commands, in any
+    case and spacing, is judged a read."""
+    assert not writes(sql)
+
+
+@given(_writes())
+def test_a_write_is_refused_however_it_is_spelled(sql: str):
+    """Property: a data-modifying statement is refused in any case and spacing, behind
+    comments, in a ``WITH`` part or as its main statement, under ``EXPLAIN ANALYZE``
+    and after a read in one string."""
+    assert writes(sql)
+
+
+@pytest.mark.parametrize("name", sorted(READS))
+def test_a_read_elsewhere_that_uses_write_keywords_as_names_passes(
+    records_on_shard: None, name: str
+):
+    """The view reads ``default`` with SQL whose function, alias or CTE name is a
+    write keyword (``replace()``, ``AS merge``): it runs and completes."""
+    Widget.objects.using("default").create(name="existing")
+    response = post("/reads-sql", str(uuid.uuid4()), HTTP_X_READ=name)
+    assert response.status_code == 201, response.content
+    assert records("shard") == 1
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("name", sorted(PG_READS))
+def test_a_postgres_read_elsewhere_with_write_keywords_passes(records_on_shard: None, name: str):
+    """PostgreSQL's reads: a locking CTE, ``EXPLAIN`` without ``ANALYZE`` (the statement
+    is not run), ``SEARCH``, an alias ``delete``, a dollar-quoted literal."""
+    response = post("/reads-sql", str(uuid.uuid4()), HTTP_X_READ=name)
+    assert response.status_code == 201, response.content
+    assert widgets("default") == 0 and records("shard") == 1
+
+
+@pytest.mark.postgres
+def test_a_notify_elsewhere_is_refused_and_never_delivered(records_on_shard: None):
+    """``NOTIFY`` on another database is delivered when that database commits, apart
+    from the record: it is refused like a write, and no listener hears it."""
+    import psycopg
+
+    settings_dict = connections["default"].settings_dict
+    with psycopg.connect(
+        dbname=settings_dict["NAME"], user=settings_dict["USER"],
+        host=settings_dict["HOST"], port=settings_dict["PORT"], autocommit=True,
+    ) as listener:  # fmt: skip
+        listener.execute("LISTEN widgets_changed")
+        response = post("/notifies", str(uuid.uuid4()))
+        assert response.status_code == 500 and records("shard") == 0
+        # A notification of the test's own, sent after the request: had the view's
+        # gone out, it would arrive first (notifications arrive in commit order).
+        listener.execute("NOTIFY widgets_changed, 'marker'")
+        heard = next(iter(listener.notifies(timeout=10)))
+    assert heard.payload == "marker"
 
 
 def test_a_plain_callables_block_refuses_writes_elsewhere_too():

@@ -1,12 +1,26 @@
 from __future__ import annotations
 
 import json
+import re
+import uuid
+from typing import Any
 
+import pytest
+from django.contrib.auth import authenticate, login
+from django.contrib.auth.decorators import login_required
 from django.core.files.uploadedfile import SimpleUploadedFile
-from django.test import RequestFactory
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.template import engines
+from django.test import Client, RequestFactory, override_settings
 from django.test.client import encode_multipart
+from django.urls import path
+from django.views.decorators.http import require_POST
 
+from django_idempotency import idempotent
 from django_idempotency.fingerprint import canonical_json, compute
+from django_idempotency.models import IdempotencyRecord
+from tests.factories import UserFactory
+from tests.testapp.models import Widget
 
 rf = RequestFactory()
 
@@ -58,10 +72,9 @@ def test_exclusions_remove_top_level_and_nested_fields():
 
 def test_invalid_json_is_hashed_as_raw_bytes():
     assert fp_json(b"{not json") != fp_json(b"{not  json")
-    # The same bytes sent as an opaque body: the same fingerprint, so the JSON body
-    # that failed to parse was hashed byte for byte.
-    raw = rf.post("/w", data=b"{not json", content_type="application/octet-stream")
-    assert fp_json(b"{not json") == compute(raw)
+    assert fp_json(b"{not json") == compute(
+        rf.post("/w", data=b"{not json", content_type="application/json; charset=utf-8")
+    )
     assert fp_json(b'{"a": 1}') != compute(
         rf.post("/w", data=b'{"a": 1}', content_type="application/octet-stream")
     )
@@ -165,3 +178,249 @@ def test_exclusions_never_modify_the_parsed_data():
 
 
 URLENCODED = "application/x-www-form-urlencoded"
+
+
+# --- the media type -------------------------------------------------------------------
+
+
+def typed(content_type: str, body: bytes = b'{"a": 1}', path: str = "/w") -> str:
+    """The fingerprint of a POST of ``body`` declared as ``content_type`` (also when
+    ``body`` is empty: Django's RequestFactory leaves the type out then)."""
+    request = rf.generic(
+        "POST", path, data=body, content_type=content_type, CONTENT_TYPE=content_type
+    )
+    assert request.content_type == content_type.split(";")[0].strip().lower()
+    return compute(request)
+
+
+def test_the_same_bytes_under_another_media_type_are_another_request():
+    """A JSON body sent as ``application/json`` and as ``application/vnd.x+json``, or
+    raw bytes as ``text/plain`` and ``application/xml``: two requests."""
+    assert typed("application/json") != typed("application/vnd.example+json")
+    assert typed("application/merge-patch+json") != typed("application/vnd.example+json")
+    assert typed("text/plain", b"<a/>") != typed("application/xml", b"<a/>")
+    assert typed("text/plain", b"<a/>") != typed("", b"<a/>")  # no Content-Type at all
+
+
+def test_parameters_and_case_of_the_media_type_do_not_count():
+    """``charset`` only says how the text is encoded (the JSON is decoded with it); the
+    type and subtype are case-insensitive (RFC 9110 §8.3.1)."""
+    plain = typed("application/json")
+    assert typed("application/json; charset=utf-8") == plain
+    assert typed("Application/JSON;charset=UTF-8") == plain
+    assert typed("application/json; charset=latin-1") == plain  # ASCII text: same JSON
+    vendor = typed("application/vnd.example+json")
+    assert typed("application/VND.Example+JSON; version=2") == vendor
+
+
+def test_urlencoded_and_multipart_forms_of_the_same_fields_differ():
+    """A parser may take one form encoding and refuse the other (DRF's FormParser)."""
+    urlencoded = rf.post("/f", data="name=a", content_type=URLENCODED)
+    multipart = rf.post("/f", data={"name": "a"})  # the test client's default: multipart
+    assert compute(urlencoded) != compute(multipart)
+
+
+def test_an_empty_body_has_no_media_type():
+    """An empty body is the same request whatever ``Content-Type`` it declares (DRF
+    parses no empty body; clients differ in sending a type without a body)."""
+    none = typed("", b"", "/w/1/cancel")
+    for content_type in ("application/json", "text/plain", URLENCODED, "multipart/form-data"):
+        assert typed(content_type, b"", "/w/1/cancel") == none, content_type
+
+
+def test_fingerprints_of_the_implied_media_types_are_those_of_earlier_releases():
+    """Pinned: a JSON body as ``application/json``, a urlencoded form, an empty body and
+    a raw body without ``Content-Type`` keep the fingerprints records already hold."""
+    assert typed("application/json", b'{"cpu":16}') == (
+        "56b3a4f865095a4e67c508f3759a393ddb6d0aa47624a97fe283bb23bb3d36fe"
+    )
+    assert compute(rf.post("/w", data="a=1", content_type=URLENCODED)) == (
+        "3048998207efbf8fa193ae969b18fae0ccebc01a3fc2e7d85ed87465a1c02608"
+    )
+    empty = "21e88050a72c33c2c8883729413174b01593d7f7b814507100496dc8db7fabf5"
+    assert typed("", b"") == typed("application/json", b"") == empty
+    assert typed("", b"raw") == "7eb3371b75dcec034b663e25dd2c351a214d0941284ced6ecf1f041b5b7f3cd3"
+
+
+@pytest.mark.django_db
+def test_a_key_replays_only_to_the_media_type_it_was_first_used_with(api: Any, key: str):
+    """A key first used with ``application/json`` is not replayed to the same bytes
+    sent as ``application/vnd.example+json``, which the view refuses (415) under a new
+    key: a 422 ``key-reused``, as for another body. ``charset`` changes nothing."""
+    body = json.dumps({"name": "typed", "size": 16})
+
+    def send(content_type: str, with_key: str = key) -> Any:
+        return api.post("/widgets", body, content_type=content_type,
+                        HTTP_IDEMPOTENCY_KEY=with_key)  # fmt: skip
+
+    assert send("application/json").status_code == 201
+    assert send("application/vnd.example+json", str(uuid.uuid4())).status_code == 415
+    other = send("application/vnd.example+json")
+    assert other.status_code == 422 and other.json()["type"].endswith("key-reused")
+    again = send("Application/JSON; charset=utf-8")
+    assert again.status_code == 201 and again["Idempotent-Replayed"] == "true"
+    assert Widget.objects.filter(name="typed").count() == 1
+
+
+# --- per-render form tokens -------------------------------------------------------------
+
+FORM = engines["django"].from_string(
+    '<form method="post">{% csrf_token %}<input name="item"></form>'
+)
+
+
+def form_page(request: HttpRequest) -> HttpResponse:
+    """The form as a browser gets it: Django renders a freshly masked CSRF token."""
+    return HttpResponse(FORM.render({}, request))
+
+
+@require_POST
+def log_in(request: HttpRequest) -> HttpResponse:
+    """Django's login: it rotates the CSRF token (``rotate_token``)."""
+    user = authenticate(request, username=request.POST["username"], password="pw")
+    assert user is not None
+    login(request, user)
+    return HttpResponse(status=204)
+
+
+@require_POST
+@login_required
+@idempotent
+def form_create(request: HttpRequest) -> JsonResponse:
+    """docs/usage.md's plain view, CSRF-protected: a browser's form."""
+    widget = Widget.objects.create(name=request.POST["item"])
+    return JsonResponse({"id": widget.pk}, status=201)
+
+
+urlpatterns = [
+    path("form", form_page),
+    path("log-in", log_in),
+    path("form-create", form_create),
+]
+
+CSRF_MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+]
+
+
+def rendered_token(client: Client) -> str:
+    page = client.get("/form").content.decode()
+    found = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page)
+    assert found is not None
+    return found[1]
+
+
+def log_in_as(client: Client, username: str) -> None:
+    response = client.post(
+        "/log-in", {"username": username, "csrfmiddlewaretoken": rendered_token(client)}
+    )
+    assert response.status_code == 204
+
+
+def browser() -> tuple[Client, str]:
+    """A browser's session (CSRF enforced, logged in through Django's ``login``) and
+    its user's name."""
+    user = UserFactory(username=f"form-{uuid.uuid4().hex[:8]}")
+    user.set_password("pw")
+    user.save()
+    client = Client(enforce_csrf_checks=True)
+    log_in_as(client, user.username)
+    return client, user.username
+
+
+def submit(client: Client, key: str, item: str = "from the form", **form: str) -> Any:
+    data = {"item": item, "csrfmiddlewaretoken": rendered_token(client), **form}
+    return client.post("/form-create", data, HTTP_IDEMPOTENCY_KEY=key)
+
+
+@pytest.mark.django_db
+@pytest.mark.urls(__name__)
+@override_settings(MIDDLEWARE=CSRF_MIDDLEWARE)
+@pytest.mark.parametrize("encoding", ["multipart", "urlencoded"])
+def test_a_form_retried_with_a_re_rendered_csrf_token_is_replayed(encoding: str):
+    """A session-authenticated form POST retried from a re-rendered page (Django masks
+    the CSRF token afresh on every render) is the same request: replayed, the view ran
+    once. Another item is still a 422."""
+    client, key = browser()[0], str(uuid.uuid4())
+
+    def send(item: str = "from the form") -> Any:
+        token = rendered_token(client)
+        if encoding == "multipart":
+            data: Any = {"item": item, "csrfmiddlewaretoken": token}
+            return client.post("/form-create", data, HTTP_IDEMPOTENCY_KEY=key)
+        body = f"item={item.replace(' ', '+')}&csrfmiddlewaretoken={token}"
+        return client.post("/form-create", body, content_type=URLENCODED,
+                           HTTP_IDEMPOTENCY_KEY=key)  # fmt: skip
+
+    first = send()
+    assert first.status_code == 201, first.content
+    again = send()  # a fresh render: another masked token
+    assert again.status_code == 201 and again["Idempotent-Replayed"] == "true"
+    assert again.content == first.content
+    other = send("another item")
+    assert other.status_code == 422 and other.json()["type"].endswith("key-reused")
+    assert Widget.objects.count() == 1
+
+
+@pytest.mark.django_db
+@pytest.mark.urls(__name__)
+@override_settings(MIDDLEWARE=CSRF_MIDDLEWARE)
+def test_a_form_retried_after_a_new_login_is_replayed():
+    """A new login rotates the CSRF secret, so the retry's token is unrelated to the
+    first one: still the same request."""
+    (client, username), key = browser(), str(uuid.uuid4())
+    secret = client.cookies["csrftoken"].value
+    assert submit(client, key).status_code == 201
+    log_in_as(client, username)
+    assert client.cookies["csrftoken"].value != secret  # rotated
+    again = submit(client, key)
+    assert again.status_code == 201 and again["Idempotent-Replayed"] == "true"
+    assert Widget.objects.count() == 1 and IdempotencyRecord.objects.count() == 1
+
+
+@pytest.mark.django_db
+@pytest.mark.urls(__name__)
+@override_settings(MIDDLEWARE=CSRF_MIDDLEWARE, IDEMPOTENCY={"FINGERPRINT_FORM_TOKENS": ["nonce"]})
+def test_the_form_tokens_setting_names_the_fields_left_out():
+    """``FINGERPRINT_FORM_TOKENS`` replaces the default: here the CSRF token counts
+    again (a re-rendered one is another request) and a field ``nonce`` does not."""
+    client, key = browser()[0], str(uuid.uuid4())
+    token = rendered_token(client)
+
+    def send(nonce: str, csrf: str = token) -> Any:
+        data = {"item": "x", "nonce": nonce, "csrfmiddlewaretoken": csrf}
+        return client.post("/form-create", data, HTTP_IDEMPOTENCY_KEY=key)
+
+    assert send("1").status_code == 201
+    assert send("2")["Idempotent-Replayed"] == "true"  # the nonce does not count
+    retried = send("1", rendered_token(client))  # the re-rendered CSRF token does
+    assert retried.status_code == 422 and retried.json()["type"].endswith("key-reused")
+
+
+def test_form_tokens_leave_json_bodies_alone():
+    """Django reads the CSRF token from form fields only: a JSON field of that name is
+    the application's data and counts."""
+    a = rf.post("/w", data={"item": "x", "csrfmiddlewaretoken": "one"})
+    b = rf.post("/w", data={"item": "x", "csrfmiddlewaretoken": "two"})
+    tokens = ["csrfmiddlewaretoken"]
+    assert compute(a) != compute(b)
+    assert compute(a, form_exclude=tokens) == compute(b, form_exclude=tokens)
+    ja = fp_json({"item": "x", "csrfmiddlewaretoken": "one"}, form_exclude=tokens)
+    jb = fp_json({"item": "x", "csrfmiddlewaretoken": "two"}, form_exclude=tokens)
+    assert ja != jb
+
+
+@pytest.mark.django_db
+def test_a_bodiless_retry_is_replayed_whatever_content_type_it_declares(key: str):
+    """A POST without a body declared as a form (``curl -d ''``) and its retry sent
+    without ``Content-Type`` are one request: the retry is replayed."""
+    client = Client()
+    client.force_login(UserFactory(username="bodiless"))
+    first = client.post("/plain", b"", content_type=URLENCODED, CONTENT_TYPE=URLENCODED,
+                        HTTP_IDEMPOTENCY_KEY=key)  # fmt: skip
+    assert first.status_code == 201, first.content
+    again = client.generic("POST", "/plain", b"", HTTP_IDEMPOTENCY_KEY=key)
+    assert again.status_code == 201 and again["Idempotent-Replayed"] == "true"

@@ -4,17 +4,20 @@ execution, replay, 422 on another payload under the same event id, 409 in flight
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
+import logging
 import threading
 from typing import Any
 
 import pytest
 from django.db import connections
-from django.test import Client
+from django.test import Client, RequestFactory
 
 from django_idempotency.conf import conf
 from django_idempotency.models import IdempotencyRecord
-from django_idempotency.signatures import sign
+from django_idempotency.signatures import hmac_signature, sign
 from tests.testapp.models import Widget
 from tests.webhook_app import SECRET
 
@@ -245,3 +248,115 @@ def test_a_redelivery_while_the_first_runs_gets_409(gate):
         the_gate.opened.set()
         thread.join(10)
     assert results["first"] == 201 and Widget.objects.count() == 1
+
+
+BODY = json.dumps(EVENT).encode()
+DIGEST = hmac.new(SECRET.encode(), BODY, hashlib.sha256).hexdigest()
+
+
+def signed_with(value: str, path: str = "/hooks/stripe") -> Any:
+    """``BODY`` delivered with ``value`` as its signature header, exactly."""
+    client = Client(raise_request_exception=False)
+    return client.post(path, BODY, content_type="application/json",
+                       HTTP_X_TEST_SIGNATURE=value)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param("sha256=" + DIGEST[:-1] + "é", id="non-ascii"),
+        pytest.param("sha256=" + "é" * 64, id="all-non-ascii"),
+        pytest.param("sha256=" + DIGEST + "\u2028", id="non-ascii-space-after"),
+        pytest.param("sha256=" + DIGEST[:-1], id="odd-length"),
+        pytest.param("sha256=" + DIGEST[:-2], id="short"),
+        pytest.param("sha256=" + DIGEST + "00", id="long"),
+        pytest.param("sha256=" + DIGEST[:32] + " " + DIGEST[32:], id="inner-space"),
+        pytest.param("sha256= " + DIGEST, id="space-after-prefix"),
+        pytest.param("sha256=" + DIGEST[:-1] + "g", id="not-hex"),
+        pytest.param("sha256=0x" + DIGEST[2:], id="0x"),
+        pytest.param("sha512=" + DIGEST, id="another-algorithms-prefix"),
+        pytest.param("SHA256=" + DIGEST, id="prefix-in-another-case"),
+        pytest.param("sha1=" + hmac.new(SECRET.encode(), BODY, "sha1").hexdigest(), id="sha1"),
+        pytest.param(DIGEST, id="no-prefix"),
+        pytest.param("sha256=", id="prefix-only"),
+        pytest.param("", id="empty"),
+    ],
+)
+def test_a_malformed_signature_is_refused_never_an_error(value: str):
+    """Every signature header that is not exactly ``sha256=<64 hex digits>`` of the
+    body is a 403 ``no-principal`` before anything is claimed: never a 500, whatever
+    characters it holds."""
+    response = signed_with(value)
+    assert response.status_code == 403 and slug(response) == "no-principal"
+    assert Widget.objects.count() == 0 and IdempotencyRecord.objects.count() == 0
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        pytest.param("sha256=" + DIGEST.upper(), id="upper-case-hex"),
+        pytest.param(" sha256=" + DIGEST + "\t", id="surrounding-white-space"),
+    ],
+)
+def test_a_signature_in_upper_case_hex_or_with_surrounding_space_is_accepted(value: str):
+    """Hexadecimal digits of either case, and white space around the field value (not
+    part of it, RFC 9110 §5.5), verify like the canonical form."""
+    response = signed_with(value)
+    assert response.status_code == 201 and Widget.objects.count() == 1
+
+
+def test_a_rotated_secret_read_from_a_setting_applies_at_once(settings: Any):
+    """A callable secret is read on every request: the old one stops verifying."""
+    settings.WEBHOOK_SECRET = "whsec-rotated"
+    old = signed_with(sign(SECRET, BODY), "/hooks/rotated")
+    new = signed_with(sign("whsec-rotated", BODY), "/hooks/rotated")
+    assert (old.status_code, new.status_code) == (403, 201)
+
+
+@pytest.mark.parametrize("empty", ["", b"", None], ids=["str", "bytes", "none"])
+def test_a_secret_setting_left_empty_refuses_every_delivery_and_says_so(
+    settings: Any, caplog: pytest.LogCaptureFixture, empty: Any
+):
+    """A callable secret that returns nothing (a setting left empty in one
+    environment) refuses every delivery, including one signed with the empty key, and
+    logs an error naming the header each time."""
+    settings.WEBHOOK_SECRET = empty
+    empty_key = "sha256=" + hmac.new(b"", BODY, hashlib.sha256).hexdigest()
+    with caplog.at_level(logging.ERROR, logger="django_idempotency"):
+        response = signed_with(empty_key, "/hooks/rotated")
+    assert response.status_code == 403 and slug(response) == "no-principal"
+    assert Widget.objects.count() == 0
+    assert any(
+        "X-Test-Signature" in r.getMessage() and "no secret" in r.getMessage()
+        for r in caplog.records
+    )
+
+
+@pytest.mark.parametrize("secret", ["", b""], ids=["str", "bytes"])
+def test_an_empty_secret_is_refused_where_the_receiver_is_defined(secret: Any):
+    """An empty secret given as a value is a mistake in the code: ``hmac_signature``
+    and ``sign`` refuse it at once (the URLconf does not import), before any request."""
+    with pytest.raises(ValueError, match="secret is empty"):
+        hmac_signature(secret, "X-Hub-Signature-256")
+    with pytest.raises(ValueError, match="secret is empty"):
+        sign(secret, BODY)
+
+
+def test_a_secret_of_another_type_or_an_unknown_digest_is_refused_at_once():
+    """Only ``str``, ``bytes`` or a callable are secrets; ``digest`` must name a hash."""
+    with pytest.raises(TypeError, match="not int"):
+        hmac_signature(12345, "X-Hub-Signature-256")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="not a hashlib algorithm"):
+        hmac_signature(SECRET, "X-Hub-Signature-256", digest="no-such-hash")
+
+
+def test_another_digest_verifies_its_own_signatures():
+    """``digest=`` and ``prefix=`` choose the algorithm and the header's form."""
+    verify = hmac_signature(SECRET, "X-Sig", prefix="sha512=", digest="sha512")
+    good = sign(SECRET, BODY, prefix="sha512=", digest="sha512")
+    factory = RequestFactory()
+    request = factory.post("/", BODY, content_type="application/json", HTTP_X_SIG=good)
+    assert verify(request)
+    wrong = factory.post("/", BODY, content_type="application/json",
+                         HTTP_X_SIG="sha512=" + DIGEST)  # fmt: skip
+    assert not verify(wrong)  # a sha256 digest under the sha512 prefix

@@ -176,3 +176,62 @@ def test_the_410_never_says_gzip(api, key):
 def test_one_string_is_one_name(api, key):
     post(api, "/x/receipt", key, {"name": "r"})
     assert "X-Resource-Version" not in post(api, "/x/receipt", key, {"name": "r"})
+
+
+LOCALE_MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.locale.LocaleMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+]
+GERMAN = "Dieses Feld ist zwingend erforderlich."
+
+
+@override_settings(MIDDLEWARE=LOCALE_MIDDLEWARE, LANGUAGES=[("de", "German"), ("en", "English")])
+def test_a_replay_keeps_the_language_of_the_body_it_replays(api, key):
+    """With Django's ``LocaleMiddleware``, a German first response replayed to a retry
+    asking for English is still labelled ``Content-Language: de``: the label is stored
+    with the body it describes, and the retry's middleware does not relabel it."""
+    first = post(api, "/x/localised", key, HTTP_ACCEPT_LANGUAGE="de")
+    assert first.status_code == 201 and first.json()["message"] == GERMAN
+    assert first["Content-Language"] == "de"
+    again = post(api, "/x/localised", key, HTTP_ACCEPT_LANGUAGE="en")
+    assert again["Idempotent-Replayed"] == "true" and again.json()["message"] == GERMAN
+    assert again["Content-Language"] == "de"
+    assert "Accept-Language" in again["Vary"]  # the response still varies by language
+    stored = dict(IdempotencyRecord.objects.get(key=key).response_headers)
+    assert stored["Content-Language"] == "de"
+    fresh = post(api, "/x/localised", "another-key", HTTP_ACCEPT_LANGUAGE="en")
+    assert fresh["Content-Language"] == "en" and fresh.json()["message"] != GERMAN
+
+
+@override_settings(LANGUAGES=[("de", "German"), ("en", "English")])
+def test_without_locale_middleware_no_language_label_is_added(api, key):
+    """Only ``LocaleMiddleware`` labels responses: without it neither the first
+    response nor its replay carries ``Content-Language``."""
+    first = post(api, "/x/localised", key, HTTP_ACCEPT_LANGUAGE="de")
+    again = post(api, "/x/localised", key, HTTP_ACCEPT_LANGUAGE="de")
+    assert again["Idempotent-Replayed"] == "true"
+    assert "Content-Language" not in first and "Content-Language" not in again
+
+
+@override_settings(
+    MIDDLEWARE=["django.middleware.gzip.GZipMiddleware", *LOCALE_MIDDLEWARE],
+    LANGUAGES=[("de", "German"), ("en", "English")],
+)
+def test_a_body_middleware_compresses_is_compressed_again_for_each_replay(api, key):
+    """``GZipMiddleware`` compresses after the snapshot: the stored body is the one the
+    view made, and each replay is compressed (and labelled) for its own retry, so the
+    ``Content-Encoding`` a client sees always matches the bytes it gets."""
+    first = post(api, "/x/localised", key, HTTP_ACCEPT_LANGUAGE="de",
+                 HTTP_ACCEPT_ENCODING="gzip")  # fmt: skip
+    assert first["Content-Encoding"] == "gzip"
+    body = json.loads(gzip.decompress(first.content))
+    plain = post(api, "/x/localised", key, HTTP_ACCEPT_LANGUAGE="en")
+    assert plain["Idempotent-Replayed"] == "true" and "Content-Encoding" not in plain
+    assert plain.json() == body and plain["Content-Language"] == "de"
+    packed = post(api, "/x/localised", key, HTTP_ACCEPT_ENCODING="gzip")
+    assert packed["Content-Encoding"] == "gzip"
+    assert json.loads(gzip.decompress(packed.content)) == body
+    stored = dict(IdempotencyRecord.objects.get(key=key).response_headers)
+    assert "Content-Encoding" not in stored

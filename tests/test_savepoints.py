@@ -12,8 +12,12 @@ from typing import Any
 import psycopg
 import pytest
 from django.db import connection, transaction
+from django.http import HttpRequest, JsonResponse
+from django.test import Client
+from django.urls import path
+from django.views.decorators.csrf import csrf_exempt
 
-from django_idempotency import savepoints
+from django_idempotency import idempotent, savepoints
 from django_idempotency.models import IdempotencyRecord
 from tests.concurrency import token_client
 from tests.factories import TokenFactory
@@ -193,3 +197,73 @@ def test_the_connection_is_left_as_django_expects(sent):
     with admin_connection() as other:
         seen = other.execute("SELECT count(*) FROM testapp_widget WHERE name = 'autocommitted'")
         assert seen.fetchone() == (1,)
+
+
+# --- SQL of the view's own that looks like Django's ------------------------------------
+
+
+def _savepoint_user(request: Any) -> str:
+    return "savepoint-user"
+
+
+@csrf_exempt
+@idempotent(principal=_savepoint_user)
+def release_then_insert(request: HttpRequest) -> JsonResponse:
+    """Its last statement begins like Django's release and goes on with an INSERT."""
+    sid = transaction.savepoint()  # Django's statement: a savepoint the wrapper tracks
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f'RELEASE SAVEPOINT "{sid}"; '
+            "INSERT INTO testapp_widget (name, size) VALUES ('after the release', 0)"
+        )
+    return JsonResponse({"released": sid}, status=201)
+
+
+@csrf_exempt
+@idempotent(principal=_savepoint_user)
+def releases_its_block(request: HttpRequest) -> JsonResponse:
+    """Releases its own block's savepoint with SQL of its own (``X-Release`` spelling);
+    Django's release at the block's end then fails, as it does without the app."""
+    with transaction.atomic():
+        Widget.objects.create(name="inside the block")
+        sid = connection.savepoint_ids[-1]
+        with connection.cursor() as cursor:
+            cursor.execute(request.headers["X-Release"].format(name=f'"{sid}"'))
+    return JsonResponse({}, status=201)
+
+
+urlpatterns = [
+    path("release-then-insert", release_then_insert),
+    path("releases-its-block", releases_its_block),
+]
+
+
+@pytest.mark.postgres
+@pytest.mark.urls(__name__)
+def test_sql_that_begins_like_djangos_release_and_goes_on_is_never_held():
+    """A view's own statement ``RELEASE SAVEPOINT "s…_x…"; INSERT ...`` is sent as it
+    is, never held back nor dropped as if it were Django's release: its row is
+    there, committed with the response."""
+    key = str(uuid.uuid4())
+    client = Client(raise_request_exception=False)
+    response = client.post("/release-then-insert", {}, HTTP_IDEMPOTENCY_KEY=key)
+    assert response.status_code == 201, response.content
+    assert Widget.objects.filter(name="after the release").count() == 1
+    assert IdempotencyRecord.objects.get().state == "completed"
+
+
+@pytest.mark.postgres
+@pytest.mark.urls(__name__)
+@pytest.mark.parametrize("spelling", ["RELEASE {name}", "RELEASE SAVEPOINT {name}"])
+def test_a_views_own_release_ends_the_holding_in_either_spelling(spelling: str):
+    """``RELEASE name`` (SAVEPOINT is optional in PostgreSQL) releases the block's
+    savepoint as ``RELEASE SAVEPOINT name`` does: Django's release at the block's end
+    is then sent at once and fails there, as without the app. The view fails (500),
+    nothing of it commits and the key is released, instead of a stored 201."""
+    key = str(uuid.uuid4())
+    client = Client(raise_request_exception=False)
+    headers = {"HTTP_IDEMPOTENCY_KEY": key, "HTTP_X_RELEASE": spelling}
+    response = client.post("/releases-its-block", {}, **headers)
+    assert response.status_code == 500
+    assert Widget.objects.count() == 0 and IdempotencyRecord.objects.count() == 0
+    assert client.post("/releases-its-block", {}, **headers).status_code == 500  # ran again

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django.conf import settings
 from django.http import JsonResponse
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
@@ -25,6 +26,11 @@ from tests.testapp.models import Widget
 SECRET = "whsec-tests-only"
 GITHUB = signed_principal("webhook:github", hmac_signature(SECRET, "X-Hub-Signature-256"))
 STRIPE = signed_principal("webhook:stripe", hmac_signature(SECRET, "X-Test-Signature"))
+#: The secret read from a setting on every request, as docs/inbox.md shows it.
+ROTATED = signed_principal(
+    "webhook:rotated",
+    hmac_signature(lambda: getattr(settings, "WEBHOOK_SECRET", SECRET), "X-Test-Signature"),
+)
 
 
 def _stripe_event(request: Any) -> JsonResponse:
@@ -70,6 +76,12 @@ def slow_receiver(request: Any) -> JsonResponse:
     return _stripe_event(request)
 
 
+@csrf_exempt
+@idempotent(key=body_field("id"), principal=ROTATED)
+def rotated_receiver(request: Any) -> JsonResponse:
+    return _stripe_event(request)
+
+
 def no_key(request: Any) -> str | None:
     return None
 
@@ -98,4 +110,5 @@ urlpatterns = [
     path("hooks/optional", optional_receiver),
     path("hooks/dotted", dotted_receiver),
     path("hooks/slow", slow_receiver),
+    path("hooks/rotated", rotated_receiver),
 ]

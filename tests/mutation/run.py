@@ -106,6 +106,11 @@ _TAKE_OVER_FILTER = """            pk=existing.record_id,
 
 EDGES = "tests/test_edges.py"
 NESTED = "tests/test_nested_views.py"
+RECEIVERS = "tests/test_inbox_receivers.py"
+DATABASES = "tests/test_databases.py"
+FINGERPRINT = "tests/test_fingerprint.py"
+REPLAY_HEADERS = "tests/test_replay_headers.py"
+SAVEPOINTS = "tests/test_savepoints.py"
 RETENTION = "tests/test_retention.py"
 VIEW_TX = "tests/test_view_transactions.py"
 
@@ -1592,6 +1597,171 @@ MUTANTS: list[Mutant] = [
             f"{NESTED}::test_a_delegated_view_of_another_scope_commits_its_record_with_the_outer",
         ),
         what="the caller's request.idempotency stays the inner view's (another scope)",
+    ),
+    # signatures.py: every malformed header a refusal, an empty secret never verifies
+    m(
+        "W1",
+        "signatures.py",
+        "        if not key:\n",
+        "        if False:\n",
+        tests=(
+            f"{RECEIVERS}::test_a_secret_setting_left_empty_refuses_every_delivery_and_says_so",
+        ),
+        what="a callable secret returning nothing verifies signatures made with the empty key",
+    ),
+    m(
+        "W2",
+        "signatures.py",
+        "        if not sent.startswith(prefix):\n            return False\n",
+        "",
+        tests=(f"{RECEIVERS}::test_a_malformed_signature_is_refused_never_an_error",),
+        what="the prefix unchecked: `sha512=<sha256 digest>` accepted",
+    ),
+    m(
+        "W3",
+        "signatures.py",
+        "    if not secret:\n        raise ValueError(",
+        "    if False:\n        raise ValueError(",
+        tests=(f"{RECEIVERS}::test_an_empty_secret_is_refused_where_the_receiver_is_defined",),
+        what="an empty secret value accepted where the receiver is defined",
+    ),
+    m(
+        "W4",
+        "signatures.py",
+        "        if not hex_digest.fullmatch(hex_value):\n            return False\n",
+        "",
+        tests=(f"{RECEIVERS}::test_a_malformed_signature_is_refused_never_an_error",),
+        what="the header's form unchecked: a non-ASCII or odd-length digest is a 500",
+    ),
+    # write_guard.py: judged by kind, every write still refused
+    m(
+        "W5",
+        "write_guard.py",
+        "        if _kind_writes(words[index + 1 : end]):\n            return True\n",
+        "",
+        tests=(
+            f"{DATABASES}::test_statements_that_write",
+            f"{DATABASES}::test_a_write_is_refused_however_it_is_spelled",
+        ),
+        what="a data-modifying WITH part not seen",
+    ),
+    m(
+        "W6",
+        "write_guard.py",
+        "    return analyzed and _kind_writes(words[start:])\n",
+        "    return _kind_writes(words[start:])\n",
+        tests=(
+            f"{DATABASES}::test_statements_that_do_not_write",
+            f"{DATABASES}::test_a_postgres_read_elsewhere_with_write_keywords_passes",
+        ),
+        what="EXPLAIN without ANALYZE (the statement is not run) refused as a write",
+    ),
+    m(
+        "W7",
+        "write_guard.py",
+        '        "NOTIFY", "REASSIGN", "LOAD",\n',
+        '        "REASSIGN", "LOAD",\n',
+        tests=(
+            f"{DATABASES}::test_statements_that_write",
+            f"{DATABASES}::test_a_notify_elsewhere_is_refused_and_never_delivered",
+        ),
+        what="NOTIFY on another database passes the guard and is delivered",
+    ),
+    m(
+        "W8",
+        "write_guard.py",
+        "            texts.append(nested)\n",
+        "            pass\n",
+        tests=(f"{DATABASES}::test_statements_that_write",),
+        what="a nested block comment read only as SQLite reads it: a write behind it passes",
+    ),
+    m(
+        "W9",
+        "write_guard.py",
+        '        return "INTO" in rest  # SELECT ... INTO creates a table; INTO is reserved\n',
+        "        return False\n",
+        tests=(f"{DATABASES}::test_statements_that_write",),
+        what="SELECT ... INTO (creates a table) passes the guard",
+    ),
+    # fingerprint.py: the media type, per-render form tokens
+    m(
+        "W10",
+        "fingerprint.py",
+        "        *_media_type_parts(body, media_type),\n",
+        "",
+        tests=(
+            f"{FINGERPRINT}::test_a_key_replays_only_to_the_media_type_it_was_first_used_with",
+            f"{FINGERPRINT}::test_the_same_bytes_under_another_media_type_are_another_request",
+        ),
+        what="the media type out of the fingerprint: a key replays to a type the view refuses",
+    ),
+    m(
+        "W11",
+        "fingerprint.py",
+        "    if tuple(body) == _EMPTY:\n        return []\n",
+        "",
+        tests=(f"{FINGERPRINT}::test_an_empty_body_has_no_media_type",),
+        what="an empty body's Content-Type counts: a retry sending none is a 422",
+    ),
+    m(
+        "W12",
+        "fingerprint.py",
+        "            return _form_parts(post, files, (*exclude, *form_exclude))\n",
+        "            return _form_parts(post, files, exclude)\n",
+        tests=(
+            f"{FINGERPRINT}::test_a_form_retried_with_a_re_rendered_csrf_token_is_replayed",
+            f"{FINGERPRINT}::test_form_tokens_leave_json_bodies_alone",
+        ),
+        what="per-render form tokens fingerprinted: a re-rendered CSRF token is a 422",
+    ),
+    m(
+        "W13",
+        "protocol.py",
+        "            form_exclude=conf.fingerprint_form_tokens,\n",
+        "",
+        tests=(
+            f"{FINGERPRINT}::test_a_form_retried_with_a_re_rendered_csrf_token_is_replayed",
+            f"{FINGERPRINT}::test_a_form_retried_after_a_new_login_is_replayed",
+        ),
+        what="FINGERPRINT_FORM_TOKENS not applied: a form retried after a new login is a 422",
+    ),
+    # responses.py: the language label stored with the body
+    m(
+        "W14",
+        "responses.py",
+        "    label_language(response)\n",
+        "",
+        tests=(f"{REPLAY_HEADERS}::test_a_replay_keeps_the_language_of_the_body_it_replays",),
+        what="Content-Language left to the retry's LocaleMiddleware: a German body labelled en",
+    ),
+    # savepoints.py: only Django's own release is held
+    m(
+        "W15",
+        "savepoints.py",
+        "            ours = _DJANGO_SAVEPOINT.fullmatch(sql)",
+        "            ours = _DJANGO_SAVEPOINT.match(sql)",
+        tests=(
+            f"{SAVEPOINTS}::test_sql_that_begins_like_djangos_release_and_goes_on_is_never_held",
+        ),
+        backends=(PG,),
+        what='a view\'s `RELEASE SAVEPOINT "s1_x1"; INSERT ...` held and dropped',
+    ),
+    m(
+        "W16",
+        "savepoints.py",
+        r'_ENDS_SAVEPOINTS = re.compile(r"\b(?:savepoint|release|rollback|',
+        r'_ENDS_SAVEPOINTS = re.compile(r"\b(?:savepoint|rollback|',
+        tests=(f"{SAVEPOINTS}::test_a_views_own_release_ends_the_holding_in_either_spelling",),
+        backends=(PG,),
+        what="a view's own `RELEASE name` leaves the holding on: a failing release hidden",
+    ),
+    m(
+        "W17",
+        "write_guard.py",
+        "        return not all(part in _BEGIN_WORDS for word in rest for part in word.split())\n",
+        "        return False\n",
+        tests=(f"{DATABASES}::test_statements_that_write",),
+        what="a procedural block (`BEGIN INSERT ...; END`, Oracle) read as transaction control",
     ),
 ]
 
