@@ -26,6 +26,7 @@ on 2 cores) and vary less between runs. Usage::
 
     python benchmarks/minimal_view.py                  # 3 rounds of 600 requests per cell
     python benchmarks/minimal_view.py --rounds 5 --json /tmp/minimal.json
+    python benchmarks/minimal_view.py --db-latency-ms 0.5   # a 1 ms round trip to PostgreSQL
 
 Needs gunicorn, httpx and psycopg (the example extra).
 """
@@ -33,6 +34,7 @@ Needs gunicorn, httpx and psycopg (the example extra).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -40,11 +42,13 @@ import subprocess
 import sys
 from dataclasses import asdict
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from http_bench import Cell, cpu_sample, load, prepare_replays  # noqa: E402
+from latency_proxy import LatencyProxy, round_trip  # noqa: E402
 
 from storm.server import Gunicorn, SetupError, ThrowawayDatabase  # noqa: E402
 
@@ -113,6 +117,25 @@ def run(url: str, args: argparse.Namespace) -> list[dict[str, object]]:
         PYTHONPATH=os.pathsep.join(p for p in (str(HERE), root, env.get("PYTHONPATH")) if p),
     )
     token = prepare(env)
+    with contextlib.ExitStack() as stack:
+        if args.db_latency_ms is not None:
+            # The app's connections go through the proxy: a network between app and DB.
+            parts = urlsplit(url)
+            target = (parts.hostname or "127.0.0.1", parts.port or 5432)
+            proxy = stack.enter_context(LatencyProxy(target, delay=args.db_latency_ms / 1000))
+            env["DATABASE_URL"] = urlunsplit(
+                parts._replace(netloc=f"{parts.username}@127.0.0.1:{proxy.port}")
+            )
+            print(
+                f"  database behind a latency proxy: {args.db_latency_ms} ms each way, "
+                f"SELECT 1 round trip {round_trip(env['DATABASE_URL']) * 1000:.2f} ms "
+                f"(direct: {round_trip(url) * 1000:.2f} ms)"
+            )
+        return measure(env, token, args)
+
+
+def measure(env: dict[str, str], token: str, args: argparse.Namespace) -> list[dict[str, object]]:
+    """Every mode at every client count against a fresh gunicorn; the summary rows."""
     server = MinimalServer(env, workers=args.workers, threads=args.threads)
     results: list[dict[str, object]] = []
     request = {"data": BODY, "token": token}
@@ -226,6 +249,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3, help="rounds; the median is kept")
     parser.add_argument("--workers", type=int, default=2, help="gunicorn processes")
     parser.add_argument("--threads", type=int, default=8, help="threads per gunicorn process")
+    parser.add_argument(
+        "--db-latency-ms",
+        type=float,
+        default=None,
+        help="put the app's database connections behind benchmarks/latency_proxy.py, "
+        "delaying each direction by this many ms (0.5: a 1 ms round trip; 0: the proxy alone)",
+    )
     parser.add_argument("--json", type=Path, help="also write the numbers to this file")
     args = parser.parse_args(argv)
     args.clients = [int(c) for c in args.clients.split(",")]
