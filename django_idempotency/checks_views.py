@@ -371,7 +371,7 @@ def check_outer_atomic(
     commits. Seen statically: ``transaction.atomic`` used as a decorator (on the
     function, on a handler, on ``dispatch`` through ``method_decorator``, or around
     ``as_view()``). A ``with transaction.atomic()`` in a caller or a middleware is seen
-    at run time only (``transactions.OuterTransactionWarning``).
+    at run time only (``exceptions.OuterTransactionWarning``).
     """
     warnings: list[CheckMessage] = []
     seen: set[int] = set()

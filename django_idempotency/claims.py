@@ -10,8 +10,8 @@ import datetime as dt
 import uuid
 from dataclasses import dataclass
 
-from django.db import DatabaseError
-
+from .exceptions import HeartbeatUnavailable as HeartbeatUnavailable
+from .exceptions import LeaseLost as LeaseLost
 from .models import RecordState
 
 Headers = list[tuple[str, str]]
@@ -24,21 +24,6 @@ BY_PRESENCE = "presence"
 BY_LEASE = "lease"
 #: An operator ended the earlier attempt's lease (``operators.end_leases``, the admin).
 BY_OPERATOR = "operator"
-
-
-class LeaseLost(DatabaseError):
-    """The fenced completion updated no row: another request took over the key."""
-
-
-class HeartbeatUnavailable(RuntimeError):
-    """A heartbeat was asked for on a database above READ COMMITTED.
-
-    The heartbeat commits beside the view's open transaction; at REPEATABLE READ or
-    SERIALIZABLE, PostgreSQL would then refuse the view's own fenced completion of the
-    same row (a serialization failure), so the view could never complete. Give such
-    views a lease longer than their longest run, or use READ COMMITTED for the
-    database that holds the records (docs/storage.md).
-    """
 
 
 @dataclass(frozen=True)

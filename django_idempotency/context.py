@@ -129,7 +129,7 @@ class IdempotencyContext:
         """Whether phase ``name`` already finished (at or before the recovery point).
 
         Raises:
-            phases.PhaseError: ``name`` is not a declared phase of the view.
+            exceptions.PhaseError: ``name`` is not a declared phase of the view.
         """
         here = _phases.position(self.phases, self.recovery_point)
         return _phases.position(self.phases, name) <= here
@@ -149,9 +149,9 @@ class IdempotencyContext:
                     ...
 
         Raises:
-            phases.PhaseError: the phase is unknown, already finished (the guard is
+            exceptions.PhaseError: the phase is unknown, already finished (the guard is
                 missing), before the recovery point, or nested in another phase.
-            store.LeaseLost: the claim was taken over; the phase rolled back.
+            exceptions.LeaseLost: the claim was taken over; the phase rolled back.
         """
         return _phases.phase_block(self, name)
 

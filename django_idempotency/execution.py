@@ -24,6 +24,7 @@ from django.db import DatabaseError, IntegrityError, InterfaceError, connections
 from django.http.response import HttpResponseBase
 
 from . import (
+    exceptions,
     heartbeat,
     phases,
     presence,
@@ -93,7 +94,7 @@ def execute(
         view that finished a phase keeps its claim instead: docs/phases.md); the
         ``IntegrityError`` of a deferred constraint the view's writes violated, raised
         at ``COMMIT``, the same way.
-        write_guard.CrossDatabaseWrite: a single-transaction view wrote to a database
+        exceptions.CrossDatabaseWrite: a single-transaction view wrote to a database
             other than its record's (the write was not sent; the key is released).
     """
     claim, options = proceed.claim, proceed.options
@@ -123,7 +124,7 @@ def _execute(
         if options.phases:  # no single transaction: each phase commits on its own
             try:
                 response, stored = phases.execute(context, options, call, finalize, _release)
-            except store.LeaseLost:
+            except exceptions.LeaseLost:
                 return _lease_lost(claim)
             except phases.CompletionFailed as exc:
                 return _completion_failed(claim, exc.__cause__ or exc)
@@ -209,7 +210,7 @@ def _execute_atomic(
     except _Release as release:
         _release(claim, release.response.status_code)
         return release.response
-    except store.LeaseLost:
+    except exceptions.LeaseLost:
         return _lease_lost(claim)
     except (DatabaseError, InterfaceError) as exc:
         _release(claim, None)

@@ -9,7 +9,7 @@ taken over stops it. The manual ``request.idempotency.extend_lease()`` still wor
 
 PostgreSQL only, at READ COMMITTED: SQLite has one writer, which the view holds, and
 above READ COMMITTED a lease extended beside the view's transaction would make its
-own completion fail (``store.HeartbeatUnavailable``). Elsewhere the heartbeat is not
+own completion fail (``exceptions.HeartbeatUnavailable``). Elsewhere the heartbeat is not
 started and a warning is logged once per process and database.
 """
 

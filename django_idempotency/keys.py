@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import http_sfv
 
+from .exceptions import InvalidKey as InvalidKey
+
 HEADER = "Idempotency-Key"
-
-
-class InvalidKey(ValueError):
-    """The header is present but unusable; ``str(exc)`` is the client-facing detail."""
 
 
 def _check_chars(value: str) -> None:

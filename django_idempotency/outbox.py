@@ -35,6 +35,7 @@ from django.db import IntegrityError, connections, transaction
 from . import clock, context
 from ._pg import pg_now
 from .conf import conf
+from .exceptions import NotInTransaction as NotInTransaction
 from .handlers import (
     HANDLER_MODULE,
     Handler,
@@ -66,15 +67,6 @@ _MAX = 255
 
 #: ``@outbox.handler("worker.boot")``: the same as :func:`register`.
 handler = register
-
-
-class NotInTransaction(RuntimeError):
-    """``enqueue`` was called outside ``transaction.atomic()``.
-
-    A message written in autocommit mode would be sent even if the surrounding work
-    failed, which is what the outbox exists to prevent. Enqueue inside the view's
-    transaction (an idempotent view runs in one), a phase, or an ``atomic()`` block.
-    """
 
 
 def enqueue(

@@ -23,6 +23,9 @@ from typing import TYPE_CHECKING
 from django.db import DatabaseError, InterfaceError, transaction
 from django.http.response import HttpResponseBase
 
+from . import exceptions
+from .exceptions import PhaseError as PhaseError
+
 if TYPE_CHECKING:
     from . import store
     from .context import IdempotencyContext
@@ -40,10 +43,6 @@ MAX_PHASE_LENGTH = 64
 DERIVED_KEY_PREFIX = "idk_"
 #: Domain-separation tag hashed before the inputs; bumping it changes every key.
 _DERIVE_TAG = b"django-idempotency:derive-key:v1"
-
-
-class PhaseError(RuntimeError):
-    """A phase was used out of order, twice, nested, or not declared on the view."""
 
 
 class CompletionFailed(RuntimeError):
@@ -133,7 +132,7 @@ def phase_block(context: IdempotencyContext, name: str) -> Iterator[None]:
     Raises:
         PhaseError: the view declared no phases, ``name`` is unknown, already finished
             or not after the recovery point, or another phase is open.
-        store.LeaseLost: the claim was taken over; the phase rolled back.
+        exceptions.LeaseLost: the claim was taken over; the phase rolled back.
     """
     phases = context.phases
     if not phases:
@@ -207,7 +206,7 @@ def execute(
         ``(response, stored)``: ``stored`` is ``None`` when nothing was stored.
 
     Raises:
-        store.LeaseLost: the claim was taken over (during a phase or the completion).
+        exceptions.LeaseLost: the claim was taken over (during a phase or the completion).
         CompletionFailed: the database failed while completing; the claim was released
             (no phase committed) or suspended (a retry resumes).
         Whatever the view raised, after the claim was released or suspended.
@@ -218,7 +217,7 @@ def execute(
     claim = context.claim
     try:
         response = finalize(call())
-    except store.LeaseLost:
+    except exceptions.LeaseLost:
         raise
     except BaseException:
         _unwind(context, None, release)
@@ -232,7 +231,7 @@ def execute(
     try:
         with transaction.atomic(using=claim.using):  # no view code runs in it
             store.complete(claim, stored)
-    except store.LeaseLost:
+    except exceptions.LeaseLost:
         raise
     except (DatabaseError, InterfaceError) as exc:
         # Committed or not, the retry converges: a completed record is left alone by

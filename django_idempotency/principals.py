@@ -1,15 +1,31 @@
-"""Principal resolvers: who a request runs as, the scope of its keys (docs/usage.md).
+"""Who a request runs as: the principal that scopes its keys (docs/usage.md).
 
 A resolver is ``callable(request) -> str | None``. ``None`` means "no principal that
 can scope a key safely": the request is refused with 401 when it carries a key. Two
 principals never share records, so the resolver must return a value that is stable for
 one identity and distinct between identities. Configure one with
 ``IDEMPOTENCY["PRINCIPAL_RESOLVER"]`` (dotted path) or per view (``principal=``).
+
+Webhook senders do not log in; :func:`signed_principal` grants them a principal for
+the deliveries they signed (docs/inbox.md). They sign the raw request body with a
+secret they share with the receiver, HMAC-SHA256 (RFC 2104) in most cases, and send
+the digest in a header: GitHub's ``X-Hub-Signature-256: sha256=<hex>``, for example.
+:func:`hmac_signature` checks that form; senders with a scheme of their own (Stripe's
+``Stripe-Signature``, timestamped ``t=...,v1=...``) are checked with their SDK or a
+function of your own, ``callable(request) -> bool``. Digests are compared as bytes, in
+constant time. A header that is not exactly the expected form is a refusal, never an
+error: absent, another prefix (``sha1=`` where ``sha256=`` is expected), anything but
+hexadecimal digits after it (white space inside, characters outside ASCII), or a
+digest of the wrong length. Surrounding white space is not part of a field value
+(RFC 9110 §5.5); hexadecimal digits may be of either case (RFC 4648 §8).
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
+import logging
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -59,7 +75,7 @@ def signed_principal(name: str, verify: Callable[[Any], bool]) -> Callable[[Any]
     Args:
         name: the principal, one per sender (``"webhook:stripe"``); 1 to 255 characters.
         verify: ``callable(request) -> bool``, true when the request's signature is
-            valid (``django_idempotency.signatures.hmac_signature``, or the sender's
+            valid (``hmac_signature`` below, or the sender's
             SDK). Exceptions it raises propagate.
 
     Raises:
@@ -73,3 +89,120 @@ def signed_principal(name: str, verify: Callable[[Any], bool]) -> Callable[[Any]
 
     resolve.__qualname__ = f"signed_principal({name!r})"
     return resolve
+
+
+Secret = str | bytes | Callable[[], "str | bytes"]
+
+logger = logging.getLogger("django_idempotency")
+
+
+def _secret_bytes(value: object) -> bytes:
+    """``value`` as key bytes; ``b""`` for anything that is not a non-empty secret."""
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value)
+    return b""
+
+
+def _fixed_secret(secret: object, caller: str) -> bytes:
+    """A secret given as a value: its bytes; empty or of another type is refused.
+
+    Raises:
+        TypeError: ``secret`` is neither ``str`` nor ``bytes``.
+        ValueError: ``secret`` is empty.
+    """
+    if not isinstance(secret, (str, bytes, bytearray)):
+        raise TypeError(
+            f"{caller}: the secret is a str, bytes or a callable returning one, "
+            f"not {type(secret).__name__}"
+        )
+    if not secret:
+        raise ValueError(
+            f"{caller}: the secret is empty, so every signature would be refused (or, "
+            "with an empty key, anyone could sign). Set the secret the sender signs with."
+        )
+    return _secret_bytes(secret)
+
+
+def _digest_size(digest: str, caller: str) -> int:
+    try:
+        return hashlib.new(digest).digest_size
+    except (ValueError, TypeError):
+        raise ValueError(f"{caller}: {digest!r} is not a hashlib algorithm") from None
+
+
+def raw_body(request: Any) -> bytes:
+    """The request body as sent (on a DRF ``Request``, its Django request's)."""
+    return bytes(getattr(request, "_request", request).body)
+
+
+def hmac_signature(
+    secret: Secret, header: str, *, prefix: str = "sha256=", digest: str = "sha256"
+) -> Callable[[Any], bool]:
+    """A verifier for ``<header>: <prefix><hex HMAC of the raw body>``.
+
+    Args:
+        secret: the shared secret (``str``, encoded as UTF-8, or ``bytes``), or a
+            callable returning it, read on every request so a rotated setting applies at
+            once. A callable that returns an empty secret (or anything but ``str`` or
+            ``bytes``) refuses every request and logs an error each time.
+        header: the header carrying the signature (``"X-Hub-Signature-256"``).
+        prefix: text before the hexadecimal digest, compared exactly (``"sha256="``;
+            ``""`` for none).
+        digest: the ``hashlib`` name of the hash (``"sha256"``).
+
+    Returns:
+        ``callable(request) -> bool``: true when the header is the prefix followed by
+        exactly the hexadecimal HMAC of the raw body under ``secret``; false for every
+        other request, whatever its header holds (it never raises for a header).
+
+    Raises:
+        ValueError: ``secret`` is given as a value and empty, or ``digest`` is not a
+            hash ``hashlib`` knows.
+        TypeError: ``secret`` is neither ``str``, ``bytes`` nor callable.
+    """
+    caller = f"hmac_signature({header!r})"
+    fixed = None if callable(secret) else _fixed_secret(secret, caller)
+    hex_digest = re.compile(f"[0-9a-fA-F]{{{2 * _digest_size(digest, caller)}}}", re.ASCII)
+
+    def verify(request: Any) -> bool:
+        key = fixed if fixed is not None else _secret_bytes(secret())  # type: ignore[operator]
+        if not key:
+            logger.error(
+                "%s: the secret callable returned no secret: every delivery is refused",
+                caller,
+            )
+            return False
+        sent = getattr(request, "_request", request).headers.get(header)
+        if not isinstance(sent, str):
+            return False
+        sent = sent.strip(" \t")
+        if not sent.startswith(prefix):
+            return False
+        hex_value = sent[len(prefix) :]
+        if not hex_digest.fullmatch(hex_value):
+            return False
+        expected = hmac.new(key, raw_body(request), digest).digest()
+        return hmac.compare_digest(expected, bytes.fromhex(hex_value))
+
+    return verify
+
+
+def sign(
+    secret: str | bytes, body: bytes, *, prefix: str = "sha256=", digest: str = "sha256"
+) -> str:
+    """The header value :func:`hmac_signature` accepts for ``body`` (for senders, tests).
+
+    Args:
+        secret: the shared secret (``str``, encoded as UTF-8, or ``bytes``).
+        body: the raw body to sign.
+        prefix: text before the hexadecimal digest.
+        digest: the ``hashlib`` name of the hash.
+
+    Raises:
+        ValueError: ``secret`` is empty.
+        TypeError: ``secret`` is neither ``str`` nor ``bytes``.
+    """
+    key = _fixed_secret(secret, "sign()")
+    return prefix + hmac.new(key, body, digest).hexdigest()

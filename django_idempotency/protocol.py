@@ -235,7 +235,7 @@ def begin(
         failing store gives a 503 (fail closed: the view does not run without a claim).
 
     Warns:
-        transactions.OuterTransactionWarning: the claim is made inside an ``atomic()``
+        exceptions.OuterTransactionWarning: the claim is made inside an ``atomic()``
             block the app did not open (once per endpoint per process, docs/faq.md).
     """
     http: HttpRequest = getattr(request, "_request", request)

@@ -24,6 +24,8 @@ from typing import Any
 
 from django.db import connections, transaction
 
+from .exceptions import OuterTransactionWarning as OuterTransactionWarning
+
 logger = logging.getLogger("django_idempotency")
 
 #: ``PQtransactionStatus`` of a transaction a failed statement aborted
@@ -34,16 +36,6 @@ _FAQ = "the FAQ, 'Duplicates wait instead of getting a 409' (docs/faq.md)"
 
 _warned: set[str] = set()
 _warned_lock = threading.Lock()
-
-
-class OuterTransactionWarning(RuntimeWarning):
-    """An ``Idempotency-Key`` was claimed inside a transaction the app did not open.
-
-    The claim then joins that transaction and becomes visible to other requests only
-    when it commits: a duplicate waits for the original instead of getting the 409
-    ``request-in-flight``. Emitted once per endpoint per process; see docs/faq.md
-    ("Duplicates wait instead of getting a 409").
-    """
 
 
 class _AppAtomic(transaction.Atomic):

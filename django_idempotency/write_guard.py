@@ -34,6 +34,7 @@ from django.db import connections
 from sqlparse.tokens import Comment, Literal, Number
 
 from .conf import conf
+from .exceptions import CrossDatabaseWrite as CrossDatabaseWrite
 
 logger = logging.getLogger("django_idempotency")
 
@@ -288,34 +289,6 @@ def _pieces(words: list[str]) -> Iterator[list[str]]:
             yield words[start:index]
             start = index + 1
     yield words[start:]
-
-
-class CrossDatabaseWrite(RuntimeError):
-    """An idempotent view wrote to a database other than its record's.
-
-    Raised by the statement itself, which is not sent; the view's transaction rolls
-    back and the key is released. Attributes: ``view`` (dotted name), ``endpoint``,
-    ``record_database`` and ``database`` (aliases). Fix: keep the record where the view
-    writes (the view's ``using=``, the ``DATABASE_RESOLVER`` setting or the router), or
-    make the view phased (docs/deployment.md, "Several databases").
-    """
-
-    def __init__(
-        self, view: str, endpoint: str, record_database: str, database: str, kind: str = "view"
-    ) -> None:
-        self.view, self.endpoint = view, endpoint
-        self.record_database, self.database = record_database, database
-        super().__init__(
-            f"The idempotent {kind} {view} ({endpoint}) wrote to database {database!r}, but "
-            f"its idempotency record is in database {record_database!r}. That write would "
-            "commit or roll back apart from the record, so a retry could run it twice or "
-            f"replay a result that was never kept: it was refused, and the {kind}'s "
-            f"transaction on {record_database!r} rolled back. Keep the record where the "
-            f"{kind} writes: using={database!r}, IDEMPOTENCY['DATABASE_RESOLVER'] "
-            "or a router sending IdempotencyRecord there (docs/deployment.md); or list "
-            f"{database!r} in IDEMPOTENCY['UNGUARDED_DATABASES'] to accept its writes "
-            "unprotected."
-        )
 
 
 class WriteGuard:

@@ -22,7 +22,7 @@ django.setup()
 
 from celery import Celery  # noqa: E402
 
-from django_idempotency.celery_tasks import idempotent_shared_task  # noqa: E402
+from django_idempotency.inbox.celery import idempotent_shared_task  # noqa: E402
 from tests.testapp.models import Widget  # noqa: E402
 
 QUEUE = os.environ["INBOX_QUEUE"]

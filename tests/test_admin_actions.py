@@ -10,7 +10,7 @@ from django.contrib.auth.models import Permission
 from django.test import Client
 from django.utils import timezone
 
-from django_idempotency import store
+from django_idempotency import exceptions, store
 from django_idempotency.models import IdempotencyRecord, OutboxMessage, RecordState
 from tests.concurrency import Runner, token_client
 from tests.factories import IdempotencyRecordFactory, TokenFactory, UserFactory
@@ -114,7 +114,7 @@ def test_ended_lease_lets_the_retry_take_over_and_fences_the_old_owner(api, key)
     assert retry.status_code == 201 and "Idempotent-Replayed" not in retry  # took over
     scope = store.Scope(record.principal, record.endpoint, record.key)
     stale = store.Claim(scope, record.pk, old, False, "", "default")
-    with pytest.raises(store.LeaseLost):
+    with pytest.raises(exceptions.LeaseLost):
         store.complete(stale, store.StoredResponse(201, [], b"{}"))
 
 

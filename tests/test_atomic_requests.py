@@ -8,7 +8,7 @@ import pytest
 from django.core import checks
 from django.db import connection
 
-from django_idempotency import transactions
+from django_idempotency import exceptions, transactions
 from tests.concurrency import Runner, token_client
 from tests.factories import TokenFactory
 from tests.testapp.gates import HOOKS
@@ -97,7 +97,7 @@ def test_decorated_class_view_inside_atomic_requests_is_still_correct(atomic_req
     client = token_client(token)
     key = str(uuid.uuid4())
     transactions.reset_warnings()
-    with pytest.warns(transactions.OuterTransactionWarning, match="ATOMIC_REQUESTS"):
+    with pytest.warns(exceptions.OuterTransactionWarning, match="ATOMIC_REQUESTS"):
         first = client.post(
             f"/widgets/{widget.pk}/reboot", {}, format="json", HTTP_IDEMPOTENCY_KEY=key
         )

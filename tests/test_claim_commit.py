@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 from django.db import connection, transaction
 
-from django_idempotency import _pg_partitioned, store, transactions
+from django_idempotency import _pg_partitioned, exceptions, store, transactions
 from django_idempotency.models import IdempotencyRecord
 from tests.concurrency import token_client
 from tests.factories import TokenFactory
@@ -88,7 +88,7 @@ def test_the_completion_is_fenced_by_the_partition_key_too(record_table):
     if record_table == "partitioned":
         assert won.sweep_after == row.sweep_after
         moved = dataclasses.replace(won, sweep_after=row.sweep_after.replace(year=2000))
-        with pytest.raises(store.LeaseLost), transaction.atomic():
+        with pytest.raises(exceptions.LeaseLost), transaction.atomic():
             store.complete(moved, RESPONSE)
     else:
         assert won.sweep_after is None  # a plain table has one heap: nothing to prune
@@ -166,7 +166,7 @@ def test_the_completion_carries_the_views_commit(record_table, commands, stateme
 def test_a_lease_lost_before_the_committing_completion_commits_nothing(record_table):
     won = claim(scope())
     stolen = dataclasses.replace(won, owner_token=uuid.uuid4())  # as if taken over
-    with pytest.raises(store.LeaseLost), transactions.atomic("default"):
+    with pytest.raises(exceptions.LeaseLost), transactions.atomic("default"):
         Widget.objects.create(name="must-not-commit")
         assert store.commits_with_completion(connection)
         store.complete(stolen, RESPONSE, commit=True)
@@ -188,7 +188,7 @@ def test_the_completion_function_raises_when_fenced_off(record_table):
         dataclasses.replace(won, owner_token=uuid.uuid4()),  # taken over
         dataclasses.replace(won, record_id=won.record_id + 10_000),  # gone
     ):
-        with pytest.raises(store.LeaseLost) as raised, transaction.atomic():
+        with pytest.raises(exceptions.LeaseLost) as raised, transaction.atomic():
             store.complete(stale, RESPONSE)
         assert getattr(raised.value.__cause__.__cause__, "sqlstate", None) == "DIF01"
         assert f"record {stale.record_id} was fenced off" in str(raised.value.__cause__)
@@ -214,7 +214,7 @@ def test_without_the_completion_function_the_plain_update_runs_and_commits_apart
         assert isinstance(won, store.Claim)
         window = IdempotencyRecord.objects.get(pk=won.record_id).expires_at
         stale = dataclasses.replace(won, owner_token=uuid.uuid4())
-        with pytest.raises(store.LeaseLost), transaction.atomic():
+        with pytest.raises(exceptions.LeaseLost), transaction.atomic():
             store.complete(stale, RESPONSE)
         assert store.complete(won, RESPONSE) is False
         assert any(sql.lstrip().startswith(("UPDATE", "WITH")) for sql in statements)

@@ -122,7 +122,7 @@ def _call() -> Callable[[str], Any]:
 
 
 def _task() -> Callable[[str], Any]:
-    from django_idempotency.celery_tasks import idempotent_task
+    from django_idempotency.inbox.celery import idempotent_task
 
     @idempotent_task(key="event_id", name="tests.receivers")
     def task(event_id: str) -> Any:

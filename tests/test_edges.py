@@ -18,7 +18,7 @@ import pytest
 from django.db import connection, connections, transaction
 from django.test import override_settings
 
-from django_idempotency import partitions, retention, store, testing
+from django_idempotency import exceptions, partitions, retention, store, testing
 from django_idempotency.models import IdempotencyRecord, OutboxMessage
 from tests.concurrency import Runner, token_client
 from tests.testapp.gates import GATES, Gate
@@ -396,7 +396,7 @@ def test_a_takeover_fences_the_original_with_409_at_stricter_levels(
 def test_a_heartbeat_is_refused_clearly_at_stricter_levels(
     record_table, strict_isolation, api, key
 ):
-    with pytest.raises(store.HeartbeatUnavailable, match="READ COMMITTED"):
+    with pytest.raises(exceptions.HeartbeatUnavailable, match="READ COMMITTED"):
         api.post("/heartbeat", {}, format="json", HTTP_IDEMPOTENCY_KEY=key)
     assert not IdempotencyRecord.objects.filter(key=key).exists()  # released
 

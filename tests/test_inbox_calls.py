@@ -17,7 +17,16 @@ import pytest
 from django.db import connections, transaction
 from django.test import override_settings
 
-from django_idempotency import context, inbox, outbox, retention, signals, store, testing
+from django_idempotency import (
+    context,
+    exceptions,
+    inbox,
+    outbox,
+    retention,
+    signals,
+    store,
+    testing,
+)
 from django_idempotency.extractors import InvalidKey
 from django_idempotency.models import IdempotencyRecord, OutboxMessage, RecordState
 from tests.testapp.models import Widget
@@ -72,13 +81,13 @@ def test_a_block_stopped_by_systemexit_or_keyboardinterrupt_releases_its_key(sto
 
 def test_the_same_key_with_another_payload_is_key_reused():
     apply("evt-3", amount=5)
-    with pytest.raises(inbox.KeyReused):
+    with pytest.raises(exceptions.KeyReused):
         apply("evt-3", amount=6)
     assert Widget.objects.get().size == 5
 
 
 def test_a_result_that_is_not_json_rolls_back_with_a_clear_error():
-    unstorable = pytest.raises(inbox.UnstorableResult, match="cannot be stored as JSON")
+    unstorable = pytest.raises(exceptions.UnstorableResult, match="cannot be stored as JSON")
     with unstorable, inbox.once("evt-4", **SCOPE) as attempt:
         Widget.objects.create(name="x")
         attempt.result = {"when": object()}
@@ -87,7 +96,7 @@ def test_a_result_that_is_not_json_rolls_back_with_a_clear_error():
 
 @override_settings(IDEMPOTENCY={"MAX_RESPONSE_BYTES": 64})
 def test_a_result_over_max_response_bytes_rolls_back_with_a_clear_error():
-    too_large = pytest.raises(inbox.UnstorableResult, match="MAX_RESPONSE_BYTES allows 64")
+    too_large = pytest.raises(exceptions.UnstorableResult, match="MAX_RESPONSE_BYTES allows 64")
     with too_large, inbox.once("evt-5", **SCOPE) as attempt:
         Widget.objects.create(name="x")
         attempt.result = "y" * 100
@@ -129,14 +138,14 @@ def test_a_crashed_claim_is_taken_over_after_its_lease():
     scope = store.Scope(SCOPE["principal"], SCOPE["endpoint"], "evt-7")
     crashed = store.claim(scope, fp, lease=30, retention=3600)
     assert isinstance(crashed, store.Claim)  # its body "died": never completed
-    with pytest.raises(inbox.InFlight) as in_flight:
+    with pytest.raises(exceptions.InFlight) as in_flight:
         apply("evt-7")
     assert 0 < in_flight.value.retry_after <= 30
     with testing.travel(31), inbox.once("evt-7", payload={"amount": 5}, **SCOPE) as attempt:
         assert attempt.taken_over and not attempt.done
         attempt.result = "second"
     assert apply("evt-7") == "second"
-    with pytest.raises(store.LeaseLost), transaction.atomic():  # the crashed owner: fenced
+    with pytest.raises(exceptions.LeaseLost), transaction.atomic():  # the crashed owner: fenced
         store.complete(crashed, store.StoredResponse(200, [], b"1"))
 
 
@@ -172,7 +181,7 @@ def test_a_duplicate_while_the_first_runs_is_in_flight_and_runs_nothing():
     thread.start()
     try:
         assert entered.wait(30)
-        with pytest.raises(inbox.InFlight), inbox.once("evt-9", **SCOPE) as attempt:
+        with pytest.raises(exceptions.InFlight), inbox.once("evt-9", **SCOPE) as attempt:
             Widget.objects.create(name="duplicate")
     finally:
         release.set()
@@ -202,7 +211,7 @@ def test_idempotent_call_takes_the_key_from_an_argument():
     record = IdempotencyRecord.objects.get()
     assert record.endpoint == "call:tests.test_inbox_calls.book"
     assert record.principal == "consumer:ledger"
-    with pytest.raises(inbox.KeyReused):
+    with pytest.raises(exceptions.KeyReused):
         book("e-1", 4)
 
 
@@ -253,7 +262,7 @@ def eager_app() -> Any:
 
 
 def test_an_idempotent_shared_task_runs_its_body_once_per_key(eager_app):
-    from django_idempotency.celery_tasks import idempotent_shared_task
+    from django_idempotency.inbox.celery import idempotent_shared_task
 
     runs: list[str] = []
 
@@ -273,7 +282,7 @@ def test_an_idempotent_shared_task_runs_its_body_once_per_key(eager_app):
 def test_a_bound_task_leaves_self_out_of_the_payload_and_retries_in_flight(eager_app):
     from celery import shared_task
 
-    from django_idempotency.celery_tasks import idempotent_task
+    from django_idempotency.inbox.celery import idempotent_task
 
     @shared_task(bind=True, name="tests.inbox.bound")
     @idempotent_task(key="event_id", name="tests.inbox.bound")
@@ -297,9 +306,9 @@ def test_a_bound_task_leaves_self_out_of_the_payload_and_retries_in_flight(eager
         result = bound.apply(args=("b-2",))
     finally:
         signals.in_flight.disconnect(count)
-    assert result.state == "FAILURE" and isinstance(result.result, inbox.InFlight)
+    assert result.state == "FAILURE" and isinstance(result.result, exceptions.InFlight)
     assert seen == ["task:tests.inbox.bound"] * 4
-    with pytest.raises(inbox.InFlight):  # called directly, outside a worker: raised
+    with pytest.raises(exceptions.InFlight):  # called directly, outside a worker: raised
         bound("b-2")
 
 

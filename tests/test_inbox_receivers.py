@@ -17,7 +17,7 @@ from django.test import Client, RequestFactory
 
 from django_idempotency.conf import conf
 from django_idempotency.models import IdempotencyRecord
-from django_idempotency.signatures import hmac_signature, sign
+from django_idempotency.principals import hmac_signature, sign
 from tests.testapp.models import Widget
 from tests.webhook_app import SECRET
 

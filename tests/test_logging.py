@@ -88,7 +88,7 @@ class _Rollback(Exception):
     pass
 
 
-@pytest.mark.filterwarnings("ignore::django_idempotency.transactions.OuterTransactionWarning")
+@pytest.mark.filterwarnings("ignore::django_idempotency.exceptions.OuterTransactionWarning")
 def test_store_failure_is_an_error_line_without_the_key(api, key, caplog):
     caplog.set_level(logging.DEBUG, logger=LOGGER)
     table = connection.ops.quote_name(IdempotencyRecord._meta.db_table)

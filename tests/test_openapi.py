@@ -22,7 +22,7 @@ from tests.testapp.views import WidgetSerializer
 SCHEMA_SETTINGS = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.TokenAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_SCHEMA_CLASS": "django_idempotency.openapi.IdempotentAutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "django_idempotency.contrib.openapi.IdempotentAutoSchema",
 }
 PROBLEM = "application/problem+json"
 

@@ -14,7 +14,7 @@ from django.db import transaction
 from django.test import override_settings
 from django.utils import timezone
 
-from django_idempotency import outbox
+from django_idempotency import exceptions, outbox
 from django_idempotency.conf import conf
 from django_idempotency.models import IdempotencyRecord, OutboxMessage, OutboxState
 from django_idempotency.phases import derive_key
@@ -34,7 +34,7 @@ def notify(api: Any, key: str, **body: Any) -> Any:
 
 @pytest.mark.django_db(transaction=True)
 def test_enqueue_outside_a_transaction_is_refused():
-    with pytest.raises(outbox.NotInTransaction, match=r"transaction\.atomic\(\)"):
+    with pytest.raises(exceptions.NotInTransaction, match=r"transaction\.atomic\(\)"):
         outbox.enqueue("widget.created", {"id": 1})
     assert OutboxMessage.objects.count() == 0
 

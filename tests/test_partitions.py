@@ -17,7 +17,7 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from django_idempotency import partitions, retention, store, testing
+from django_idempotency import exceptions, partitions, retention, store, testing
 from django_idempotency._pg_partitioned import (
     PG_PARTITIONED_CLAIM_SQL,
     SWEEP_LOCK,
@@ -326,7 +326,7 @@ def test_takeover_across_midnight_keeps_the_row_in_its_day():
     with testing.travel(midnight + 60):
         second = claim(sc, lease=30)
         assert isinstance(second, store.Claim) and second.taken_over
-        with pytest.raises(store.LeaseLost):
+        with pytest.raises(exceptions.LeaseLost):
             done(first)  # the stale owner is fenced
         done(second, b"second")
     assert second.record_id == first.record_id

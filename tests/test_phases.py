@@ -11,7 +11,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from django_idempotency import store
+from django_idempotency import exceptions, store
 from django_idempotency.context import IdempotencyContext
 from django_idempotency.models import IdempotencyRecord, OutboxMessage, RecordState
 from django_idempotency.options import Options
@@ -208,7 +208,7 @@ def test_a_failing_phase_rolls_back_and_keeps_the_recovery_point():
 def test_a_phase_whose_claim_was_taken_over_rolls_back():
     context = make_context(("one",))
     IdempotencyRecord.objects.filter(pk=context.claim.record_id).update(owner_token=uuid.uuid4())
-    with pytest.raises(store.LeaseLost), context.phase("one"):
+    with pytest.raises(exceptions.LeaseLost), context.phase("one"):
         Widget.objects.create(name="lost")
     assert not Widget.objects.exists()
     assert context.recovery_point == ""

@@ -31,7 +31,7 @@ import pytest
 from django.db import connection, connections
 from django.test import override_settings
 
-from django_idempotency import metrics, presence, signals, store
+from django_idempotency import exceptions, metrics, presence, signals, store
 from tests.concurrency import Runner, token_client
 from tests.factories import TokenFactory
 from tests.pgbouncer import database_url
@@ -292,7 +292,7 @@ def test_a_lease_lost_completion_releases_the_lock(record_table):
         presence.hold(forged)
     from django.db import transaction
 
-    with pytest.raises(store.LeaseLost), transaction.atomic():
+    with pytest.raises(exceptions.LeaseLost), transaction.atomic():
         store.complete(forged, store.StoredResponse(201, [], b"{}"))
     presence.dropped(won)
     with connection.cursor() as cursor:
@@ -491,7 +491,7 @@ def test_presence_locks_never_pile_up_after_once_blocks_and_tasks(leaky, caplog)
     from django.db import transaction
 
     from django_idempotency import inbox
-    from django_idempotency.celery_tasks import idempotent_task
+    from django_idempotency.inbox.celery import idempotent_task
 
     caplog.set_level(logging.WARNING, logger="django_idempotency")
     pid = _backend_pid()

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from django.db import connection, connections, transaction
 
-from django_idempotency import retention, store, testing
+from django_idempotency import exceptions, retention, store, testing
 from django_idempotency.models import IdempotencyRecord, RecordState
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -173,7 +173,7 @@ def test_a_heartbeat_on_a_server_defaulting_to_repeatable_read_is_refused_not_fe
     ``OPTIONS["isolation_level"]`` "or a server default such as ALTER DATABASE ... SET
     default_transaction_isolation, detected by the first claim that meets it"
     (docs/retention.md, "Isolation levels"): "Heartbeats are refused ... it raises
-    store.HeartbeatUnavailable with an explanation" -- exactly what the same view does
+    exceptions.HeartbeatUnavailable with an explanation" -- exactly what the same view does
     when the level comes from OPTIONS (tests/test_edges.py,
     test_a_heartbeat_is_refused_clearly_at_stricter_levels). In no case may a request
     that nobody took over be answered 409 ``lease-lost`` (docs/retention.md,
@@ -188,7 +188,7 @@ def test_a_heartbeat_on_a_server_defaulting_to_repeatable_read_is_refused_not_fe
     assert warm.status_code == 201, warm.content
     assert "default" in store._strict_databases  # the claim saw the server's default
     key = str(uuid.uuid4())
-    with pytest.raises(store.HeartbeatUnavailable, match="READ COMMITTED"):
+    with pytest.raises(exceptions.HeartbeatUnavailable, match="READ COMMITTED"):
         api.post("/heartbeat", {}, format="json", HTTP_IDEMPOTENCY_KEY=key)
     assert not IdempotencyRecord.objects.filter(key=key).exists()  # released, not fenced
 

@@ -21,7 +21,7 @@ from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
 from django.test import Client
 from django.urls import path
 
-from django_idempotency import clock, presence, signals, store
+from django_idempotency import clock, exceptions, presence, signals, store
 from django_idempotency.decorators import idempotent
 from django_idempotency.inbox import once
 from django_idempotency.models import IdempotencyRecord, RecordState
@@ -514,7 +514,7 @@ def test_after_a_takeover_by_lease_the_new_owner_is_never_taken_over_by_presence
         try:
             with transaction.atomic():
                 store.complete(won, store.StoredResponse(201, [], b"{}"))
-        except store.LeaseLost:
+        except exceptions.LeaseLost:
             outcome["owner"] = "fenced"
         finished.set()
 

@@ -1,7 +1,7 @@
 """schemathesis against the example project's OpenAPI schema, over real HTTP.
 
 The example project (leasebroker) runs unchanged under a settings module that extends
-its own with drf-spectacular and ``django_idempotency.openapi.IdempotentAutoSchema``,
+its own with drf-spectacular and ``django_idempotency.contrib.openapi.IdempotentAutoSchema``,
 so every idempotent operation declares the ``Idempotency-Key`` header. schemathesis
 then generates valid and invalid requests (headers included: empty, huge, control
 characters, NUL bytes) for every operation, and its ``not_a_server_error`` check
@@ -37,7 +37,7 @@ from leasebroker.settings import *  # noqa: F403
 INSTALLED_APPS = [*INSTALLED_APPS, "drf_spectacular"]  # noqa: F405
 REST_FRAMEWORK = {
     **REST_FRAMEWORK,  # noqa: F405
-    "DEFAULT_SCHEMA_CLASS": "django_idempotency.openapi.IdempotentAutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "django_idempotency.contrib.openapi.IdempotentAutoSchema",
 }
 SPECTACULAR_SETTINGS = {"SERVE_INCLUDE_SCHEMA": False}
 ROOT_URLCONF = "schema_urls"

@@ -306,7 +306,7 @@ def test_body_codec_enabled_later_still_reads_older_rows() -> None:
 
 
 @pytest.mark.django_db
-@pytest.mark.filterwarnings("ignore::django_idempotency.transactions.OuterTransactionWarning")
+@pytest.mark.filterwarnings("ignore::django_idempotency.exceptions.OuterTransactionWarning")
 def test_max_response_bytes_counts_the_plain_body_not_the_encoded_one() -> None:
     client = Client(HTTP_X_TENANT="t-codec-cap")
     config = {**TENANT, "BODY_CODEC": TOY_CODEC, "MAX_RESPONSE_BYTES": 100}

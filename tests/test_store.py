@@ -10,7 +10,7 @@ import pytest
 import time_machine
 from django.db import connection, transaction
 
-from django_idempotency import store, testing
+from django_idempotency import exceptions, store, testing
 from django_idempotency.models import IdempotencyRecord, RecordState
 from tests.testapp.models import Widget
 
@@ -109,7 +109,7 @@ def test_stale_owner_completion_is_fenced_and_rolls_back_business_writes():
     with testing.travel(LEASE + 1):
         fresh = claim()
     assert isinstance(fresh, store.Claim)
-    with pytest.raises(store.LeaseLost), transaction.atomic():
+    with pytest.raises(exceptions.LeaseLost), transaction.atomic():
         Widget.objects.create(name="stale effect")
         store.complete(stale, response(b"stale"))
     assert Widget.objects.count() == 0

@@ -18,8 +18,7 @@ from rest_framework.response import Response
 
 from django_idempotency import idempotent
 from django_idempotency.extractors import body_field, combined, header
-from django_idempotency.principals import signed_principal
-from django_idempotency.signatures import hmac_signature
+from django_idempotency.principals import hmac_signature, signed_principal
 from tests.testapp.gates import GATES
 from tests.testapp.models import Widget
 

@@ -22,8 +22,7 @@ from django.views.decorators.http import require_POST
 
 from django_idempotency import idempotent
 from django_idempotency.extractors import body_field
-from django_idempotency.principals import signed_principal
-from django_idempotency.signatures import hmac_signature
+from django_idempotency.principals import hmac_signature, signed_principal
 
 from .models import BillingEvent
 

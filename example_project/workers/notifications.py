@@ -18,7 +18,7 @@ import httpx
 from django.conf import settings
 
 from django_idempotency import outbox
-from django_idempotency.signatures import sign
+from django_idempotency.principals import sign
 
 TOPIC = "worker.provisioned"
 

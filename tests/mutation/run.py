@@ -1598,10 +1598,10 @@ MUTANTS: list[Mutant] = [
         ),
         what="the caller's request.idempotency stays the inner view's (another scope)",
     ),
-    # signatures.py: every malformed header a refusal, an empty secret never verifies
+    # principals.py (signatures): every malformed header a refusal, an empty secret never verifies
     m(
         "W1",
-        "signatures.py",
+        "principals.py",
         "        if not key:\n",
         "        if False:\n",
         tests=(
@@ -1611,7 +1611,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "W2",
-        "signatures.py",
+        "principals.py",
         "        if not sent.startswith(prefix):\n            return False\n",
         "",
         tests=(f"{RECEIVERS}::test_a_malformed_signature_is_refused_never_an_error",),
@@ -1619,7 +1619,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "W3",
-        "signatures.py",
+        "principals.py",
         "    if not secret:\n        raise ValueError(",
         "    if False:\n        raise ValueError(",
         tests=(f"{RECEIVERS}::test_an_empty_secret_is_refused_where_the_receiver_is_defined",),
@@ -1627,7 +1627,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "W4",
-        "signatures.py",
+        "principals.py",
         "        if not hex_digest.fullmatch(hex_value):\n            return False\n",
         "",
         tests=(f"{RECEIVERS}::test_a_malformed_signature_is_refused_never_an_error",),

@@ -1,29 +1,8 @@
-"""The inbox: run any callable once per idempotency key, outside HTTP (docs/inbox.md).
+"""``once()`` and ``idempotent_call``: the inbox's protocol for blocks and functions.
 
-The same protocol as a view, through the same store: claim the scope (principal,
-endpoint, key) in its own short transaction, run the body in ``transaction.atomic()``
-on the record's database, and complete the record in that transaction, fenced by the
-owner token, with the body's result stored as JSON. A second call with the same key
-does not run the body and gets the stored result; a call while the first still holds
-its lease gets :class:`InFlight`; a call with the same key and another payload gets
-:class:`KeyReused`. An exception rolls the body back and releases the key, so a retry
-runs it again. A crash (the process killed mid-body) leaves a claim whose lease runs
-out, and the next call with the key takes it over. Records are swept after their
-retention window like a view's (docs/retention.md).
-
-* :func:`once`, a context manager, for a block: ``with once(key, ...) as attempt``;
-* :func:`idempotent_call`, a decorator, for a function whose arguments carry the key;
-* ``django_idempotency.celery_tasks`` builds Celery tasks on :func:`idempotent_call`.
-
-What the body does to its transaction is its outcome, as for a view: a body that marks
-it for rollback (``transaction.set_rollback(True)``, or on PostgreSQL a database error
-caught without a savepoint) has its result returned unstored and the key released. A
-block opened inside a running block or view with the same scope is part of it
-(``context.running``): it runs, and the outer one stores the result.
-
-Inside the body, ``django_idempotency.context.current()`` is the attempt's context
-(``extend_lease()``, ``derive_key()``; ``outbox.enqueue`` links its messages to the
-record and derives their dedup keys from it), as in a view.
+Claim, run the body in the record's transaction, complete fenced by the owner token,
+release on an exception: the same steps as a view's (``protocol``), with the body's
+JSON result in place of a response. See the package's docstring and docs/inbox.md.
 """
 
 from __future__ import annotations
@@ -39,11 +18,12 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError, InterfaceError, transaction
 
-from . import extractors, presence, signals, store, transactions, write_guard
-from .conf import conf
-from .context import IdempotencyContext, running
-from .logging import key_hash
-from .protocol import _fit
+from .. import exceptions, extractors, presence, signals, store, transactions, write_guard
+from ..conf import conf
+from ..context import IdempotencyContext, running
+from ..exceptions import InFlight, KeyReused, UnstorableResult
+from ..logging import key_hash
+from ..protocol import _fit
 
 logger = logging.getLogger("django_idempotency")
 
@@ -55,38 +35,6 @@ _FINGERPRINT_TAG = b"inbox1\x00"
 _RESULT_STATUS = 200
 _RESULT_HEADERS = [("Content-Type", "application/json")]
 _COLUMN = 255
-
-
-class InFlight(RuntimeError):
-    """Another call with this key holds a live lease: its body is running now.
-
-    Attributes:
-        retry_after: seconds until that lease ends (then a call takes it over, or
-            finds the stored result).
-    """
-
-    def __init__(self, endpoint: str, retry_after: float) -> None:
-        super().__init__(
-            f"{endpoint}: a call with this idempotency key is in progress; retry after "
-            f"{retry_after:.1f} s with the same key to get its result"
-        )
-        self.endpoint = endpoint
-        self.retry_after = max(0.0, retry_after)
-
-    def __reduce__(self) -> tuple[Any, ...]:  # pickled by Celery's result backends
-        return (type(self), (self.endpoint, self.retry_after))
-
-
-class KeyReused(ValueError):
-    """The key was already used with a different payload (the 422 of a view)."""
-
-
-class UnstorableResult(TypeError):
-    """The body's result cannot be stored: not JSON, or over ``MAX_RESPONSE_BYTES``.
-
-    Raised inside the body's transaction, so the body's writes roll back and the key
-    is released: nothing was done, as if the body had raised.
-    """
 
 
 class Attempt:
@@ -205,7 +153,7 @@ def once(
         retention: seconds the result is kept and returned (default ``RETENTION``).
         using: the records' database alias (default: the router's choice); the block
             runs in a transaction on it, and its writes to any other database are
-            refused (``write_guard.CrossDatabaseWrite``, docs/deployment.md).
+            refused (``exceptions.CrossDatabaseWrite``, docs/deployment.md).
 
     A block that leaves its transaction unable to commit (``transaction.set_rollback``,
     a PostgreSQL error caught without a savepoint) ends the ``with`` statement normally
@@ -215,14 +163,14 @@ def once(
     ``attempt.context`` is the running one's (docs/inbox.md).
 
     Raises:
-        extractors.InvalidKey: the key, principal or endpoint is unusable.
+        exceptions.InvalidKey: the key, principal or endpoint is unusable.
         TypeError: the payload is not JSON.
         KeyReused: the key was used with another payload.
         InFlight: another call with the key is running (its lease is live).
         UnstorableResult: the block's ``attempt.result`` cannot be stored (rolled back).
-        write_guard.CrossDatabaseWrite: the block wrote to another database than
+        exceptions.CrossDatabaseWrite: the block wrote to another database than
             ``using`` (rolled back, key released).
-        store.LeaseLost: the lease ran out and another call took the key over while
+        exceptions.LeaseLost: the lease ran out and another call took the key over while
             the block ran (rolled back).
         django.db.DatabaseError: the store failed (nothing claimed, or rolled back).
         Whatever the block raised (``SystemExit`` and ``KeyboardInterrupt`` included),
@@ -232,9 +180,9 @@ def once(
     max_length = min(conf.max_key_length, _COLUMN)
     key = extractors.check_key(key, where="the key argument", max_length=max_length)
     if not principal or not isinstance(principal, str):
-        raise extractors.InvalidKey("once() needs a principal: a non-empty string")
+        raise exceptions.InvalidKey("once() needs a principal: a non-empty string")
     if not endpoint or not isinstance(endpoint, str):
-        raise extractors.InvalidKey("once() needs an endpoint: a non-empty string")
+        raise exceptions.InvalidKey("once() needs an endpoint: a non-empty string")
     scope = store.Scope(_fit(principal), _fit(endpoint), key)
     fp = payload_fingerprint(payload)
     lease = conf.lease if lease is None else float(lease)
@@ -283,7 +231,7 @@ def once(
             _log_doomed(scope, doomed_block.reason)
             _release(claim)
             return
-        except store.LeaseLost:
+        except exceptions.LeaseLost:
             signals.fenced.send(scope.endpoint, **_kw(scope))
             raise
         except BaseException:

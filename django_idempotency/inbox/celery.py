@@ -9,7 +9,7 @@ redelivered or duplicated task with the same key returns the stored value withou
 running the body. A task that raises releases its key, so Celery's retry
 (``autoretry_for``, ``self.retry``) runs the body again. A duplicate that arrives
 while the original runs is retried by Celery after the original's lease (or fails
-with ``inbox.InFlight`` once its retries are used up).
+with ``exceptions.InFlight`` once its retries are used up).
 
 Imports Celery; install ``django-idempotency[celery]``.
 """
@@ -23,8 +23,9 @@ from typing import Any, TypeVar
 
 from celery import current_task, shared_task  # type: ignore[import-untyped]
 
-from . import presence
-from .inbox import ArgsCallable, InFlight, idempotent_call
+from .. import presence
+from ..exceptions import InFlight
+from .calls import ArgsCallable, idempotent_call
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -61,7 +62,7 @@ def idempotent_task(
             ``name`` as to ``@shared_task`` when you give one.
         payload: ``callable(*args, **kwargs) -> JSON`` identifying the work (default:
             the arguments by name, without a bound task's ``self``); the same key
-            with another payload raises ``inbox.KeyReused``.
+            with another payload raises ``exceptions.KeyReused``.
         lease: seconds a running body holds off duplicates (default ``LEASE``); set
             it above the task's longest run (or ``time_limit``): after it, a
             redelivered task takes over the key of a worker presumed dead.
@@ -70,7 +71,7 @@ def idempotent_task(
         using: the records' database alias (default: the router's choice).
 
     Raises (in the task):
-        The errors of ``inbox.once``. ``inbox.InFlight`` inside a worker becomes
+        The errors of ``inbox.once``. ``exceptions.InFlight`` inside a worker becomes
         ``self.retry(countdown=<rest of the lease>)``, counted against the task's
         ``max_retries``.
     """

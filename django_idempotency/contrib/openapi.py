@@ -7,7 +7,7 @@ window and lease in its description and in the ``x-idempotency`` extension, its
 409 and ``Idempotent-Replayed`` on success responses::
 
     REST_FRAMEWORK = {
-        "DEFAULT_SCHEMA_CLASS": "django_idempotency.openapi.IdempotentAutoSchema",
+        "DEFAULT_SCHEMA_CLASS": "django_idempotency.contrib.openapi.IdempotentAutoSchema",
     }
 
 Projects with their own ``AutoSchema`` subclass mix :class:`IdempotentSchemaMixin` in
@@ -25,12 +25,12 @@ from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.plumbing import ResolvedComponent
 from drf_spectacular.utils import OpenApiParameter
 
-from . import problems
-from .conf import conf
-from .drf import options_for
-from .keys import HEADER
-from .options import Options
-from .responses import REPLAYED_HEADER
+from .. import problems
+from ..conf import conf
+from ..drf import options_for
+from ..keys import HEADER
+from ..options import Options
+from ..responses import REPLAYED_HEADER
 
 __all__ = [
     "EXTENSION",
