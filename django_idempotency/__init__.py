@@ -33,10 +33,10 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from .context import IdempotencyContext, current
-    from .decorators import idempotent
-    from .drf import IdempotentMixin, ReplayNegotiation
-    from .phases import derive_key
+    from django_idempotency.context import IdempotencyContext, current
+    from django_idempotency.decorators import idempotent
+    from django_idempotency.drf import IdempotentMixin, ReplayNegotiation
+    from django_idempotency.phases import derive_key
 
 #: Where each public name is defined, imported on first use so that importing the
 #: package (from settings, say) never pulls in models or DRF before Django is ready.

@@ -17,9 +17,9 @@ from django.utils.html import format_html
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
-from . import outbox, relay, store
-from .admin_actions import RecordActionsMixin
-from .models import IdempotencyRecord, OutboxMessage, OutboxState, RecordState
+from django_idempotency import outbox, relay, store
+from django_idempotency.admin_actions import RecordActionsMixin
+from django_idempotency.models import IdempotencyRecord, OutboxMessage, OutboxState, RecordState
 
 #: Longest key shown in full in the record list (the detail page shows it all).
 _KEY_LIST_CHARS = 40

@@ -17,8 +17,8 @@ from django.template.response import TemplateResponse
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
-from . import operators
-from .models import RecordState
+from django_idempotency import operators
+from django_idempotency.models import RecordState
 
 
 def _confirmed(request: HttpRequest) -> bool:

@@ -16,7 +16,7 @@ class IdempotencyConfig(AppConfig):
 
     def ready(self) -> None:
         """Register the system checks (``django_idempotency.E001`` ...) and the log receivers."""
-        from . import checks, checks_databases, checks_views, logging
+        from django_idempotency import checks, checks_databases, checks_views, logging
 
         del checks, checks_databases, checks_views  # they register on import
         logging.connect()

@@ -7,7 +7,7 @@ docs/robustness.md and docs/security.md.
 
 from __future__ import annotations
 
-from .conf import conf
+from django_idempotency.conf import conf
 
 
 def encode_body(body: bytes) -> bytes | None:

@@ -13,8 +13,8 @@ from django.apps import AppConfig
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 
-from .conf import DEFAULTS, conf
-from .responses import FORBIDDEN_HEADERS
+from django_idempotency.conf import DEFAULTS, conf
+from django_idempotency.responses import FORBIDDEN_HEADERS
 
 
 @register()
@@ -168,8 +168,8 @@ def check_production_database(
         return []
     from django.db import connections
 
-    from .outbox import database_for_write as outbox_database
-    from .store import database_for_write as record_database
+    from django_idempotency.outbox import database_for_write as outbox_database
+    from django_idempotency.store import database_for_write as record_database
 
     warnings: list[CheckMessage] = []
     for alias in sorted({record_database(), outbox_database()}):
@@ -196,7 +196,7 @@ def check_isolation_level(
     """W006: the records' database runs above READ COMMITTED (docs/retention.md)."""
     from django.db import connections
 
-    from .store import database_for_write, stricter_than_read_committed
+    from django_idempotency.store import database_for_write, stricter_than_read_committed
 
     alias = database_for_write()
     if not stricter_than_read_committed(connections[alias]):

@@ -16,9 +16,9 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, router
 
-from .checks_views import _view_options, url_patterns
-from .conf import conf
-from .databases import all_databases, record_database
+from django_idempotency.checks_views import _view_options, url_patterns
+from django_idempotency.conf import conf
+from django_idempotency.databases import all_databases, record_database
 
 _DOCS = "docs/deployment.md, 'Several databases'"
 

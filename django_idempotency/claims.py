@@ -10,9 +10,9 @@ import datetime as dt
 import uuid
 from dataclasses import dataclass
 
-from .exceptions import HeartbeatUnavailable as HeartbeatUnavailable
-from .exceptions import LeaseLost as LeaseLost
-from .models import RecordState
+from django_idempotency.exceptions import HeartbeatUnavailable as HeartbeatUnavailable
+from django_idempotency.exceptions import LeaseLost as LeaseLost
+from django_idempotency.models import RecordState
 
 Headers = list[tuple[str, str]]
 

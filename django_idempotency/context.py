@@ -11,8 +11,8 @@ from typing import Any
 
 from django.db import transaction
 
-from . import phases as _phases
-from . import store
+from django_idempotency import phases as _phases
+from django_idempotency import store
 
 _current: ContextVar[IdempotencyContext | None] = ContextVar(
     "django_idempotency_context", default=None

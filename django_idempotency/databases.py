@@ -22,8 +22,8 @@ from typing import Any
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, router
 
-from .conf import conf, resolve_callable
-from .models import IdempotencyRecord, OutboxMessage
+from django_idempotency.conf import conf, resolve_callable
+from django_idempotency.models import IdempotencyRecord, OutboxMessage
 
 DatabaseChoice = str | Callable[[Any], str]
 

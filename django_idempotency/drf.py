@@ -14,10 +14,16 @@ from rest_framework.negotiation import BaseContentNegotiation, DefaultContentNeg
 from rest_framework.renderers import BaseRenderer
 from rest_framework.request import Request
 
-from .glue import NOT_ACCEPTABLE, atomic_requests_blocks, make_finalizer, mark_non_atomic, run
-from .keys import HEADER
-from .options import Options
-from .protocol import SAFE_METHODS
+from django_idempotency.glue import (
+    NOT_ACCEPTABLE,
+    atomic_requests_blocks,
+    make_finalizer,
+    mark_non_atomic,
+    run,
+)
+from django_idempotency.keys import HEADER
+from django_idempotency.options import Options
+from django_idempotency.protocol import SAFE_METHODS
 
 
 def _closure_options(handler: Any) -> Options | None:

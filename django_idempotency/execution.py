@@ -23,7 +23,7 @@ from typing import Any
 from django.db import DatabaseError, IntegrityError, InterfaceError, connections
 from django.http.response import HttpResponseBase
 
-from . import (
+from django_idempotency import (
     exceptions,
     heartbeat,
     phases,
@@ -35,12 +35,12 @@ from . import (
     transactions,
     write_guard,
 )
-from .conf import conf
-from .context import IdempotencyContext, UnprotectedContext
-from .logging import key_hash
-from .options import Options
-from .protocol import Proceed
-from .responses import rebuild_consumed, snapshot
+from django_idempotency.conf import conf
+from django_idempotency.context import IdempotencyContext, UnprotectedContext
+from django_idempotency.logging import key_hash
+from django_idempotency.options import Options
+from django_idempotency.protocol import Proceed
+from django_idempotency.responses import rebuild_consumed, snapshot
 
 logger = logging.getLogger("django_idempotency")
 

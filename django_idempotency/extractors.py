@@ -24,7 +24,7 @@ from typing import Any
 
 from django.http.request import RawPostDataException
 
-from .keys import InvalidKey
+from django_idempotency.keys import InvalidKey
 
 KeyExtractor = Callable[[Any], "str | None"]
 

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from django.db import router
 from django.utils.module_loading import autodiscover_modules
 
-from .models import OutboxMessage
+from django_idempotency.models import OutboxMessage
 
 Handler = Callable[[OutboxMessage, str], Any]
 H = TypeVar("H", bound=Handler)

@@ -22,8 +22,8 @@ from contextlib import contextmanager
 
 from django.db import DatabaseError, InterfaceError, connections
 
-from . import signals, store
-from .logging import key_hash
+from django_idempotency import signals, store
+from django_idempotency.logging import key_hash
 
 logger = logging.getLogger("django_idempotency")
 

@@ -24,7 +24,7 @@ import hashlib
 import logging
 from typing import Any
 
-from . import signals
+from django_idempotency import signals
 
 logger = logging.getLogger("django_idempotency.events")
 

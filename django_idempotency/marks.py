@@ -29,8 +29,8 @@ from typing import Any, Protocol
 
 from django.db import DatabaseError, connections
 
-from . import clock
-from .models import OutboxMessage, OutboxState
+from django_idempotency import clock
+from django_idempotency.models import OutboxMessage, OutboxState
 
 logger = logging.getLogger("django_idempotency.outbox")
 

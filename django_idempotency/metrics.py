@@ -23,7 +23,7 @@ from django.db import connections
 from django.db.models import Count, Min, Q
 from django.dispatch import Signal
 
-from . import clock, signals
+from django_idempotency import clock, signals
 
 logger = logging.getLogger("django_idempotency.metrics")
 
@@ -148,7 +148,7 @@ def _events(kwargs: Mapping[str, Any], signal_name: str) -> list[tuple[Metric, d
 
 
 def _signals() -> dict[str, Signal]:
-    from . import relay  # models: import only once apps are ready
+    from django_idempotency import relay
 
     found = {
         name: getattr(signals, name)
@@ -291,8 +291,8 @@ def outbox_stats(using: str | None = None) -> OutboxStats:
         django.db.DatabaseError: the database failed (the caller decides; the
             Prometheus collector skips the gauges for that scrape).
     """
-    from . import outbox
-    from .models import OutboxMessage, OutboxState
+    from django_idempotency import outbox
+    from django_idempotency.models import OutboxMessage, OutboxState
 
     using = using or outbox.database_for_write()
     connection = connections[using]

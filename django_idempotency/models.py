@@ -10,7 +10,7 @@ from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from ._compat import check_constraint
+from django_idempotency._compat import check_constraint
 
 
 class RecordState(models.TextChoices):

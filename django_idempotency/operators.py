@@ -11,9 +11,9 @@ from __future__ import annotations
 from django.db import transaction
 from django.db.models import F
 
-from .claims import Existing, Scope
-from .models import IdempotencyRecord, RecordState
-from .store import _now_value, database_for_write, fetch
+from django_idempotency.claims import Existing, Scope
+from django_idempotency.models import IdempotencyRecord, RecordState
+from django_idempotency.store import _now_value, database_for_write, fetch
 
 
 def end_leases(record_ids: list[int], *, using: str | None = None) -> int:

@@ -6,9 +6,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 from typing import Any
 
-from .conf import conf, resolve_callable
-from .phases import validate_phases
-from .responses import FORBIDDEN_HEADERS
+from django_idempotency.conf import conf, resolve_callable
+from django_idempotency.phases import validate_phases
+from django_idempotency.responses import FORBIDDEN_HEADERS
 
 PrincipalResolver = Callable[[Any], "str | None"]
 KeyExtractor = Callable[[Any], "str | None"]
@@ -165,7 +165,7 @@ class Options:
             django.core.exceptions.ImproperlyConfigured: the choice is not an alias in
                 ``settings.DATABASES``.
         """
-        from .databases import for_request
+        from django_idempotency.databases import for_request
 
         return for_request(request, self.using)
 

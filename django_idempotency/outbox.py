@@ -32,11 +32,11 @@ from typing import Any
 
 from django.db import IntegrityError, connections, transaction
 
-from . import clock, context
-from ._pg import pg_now
-from .conf import conf
-from .exceptions import NotInTransaction as NotInTransaction
-from .handlers import (
+from django_idempotency import clock, context
+from django_idempotency._pg import pg_now
+from django_idempotency.conf import conf
+from django_idempotency.exceptions import NotInTransaction as NotInTransaction
+from django_idempotency.handlers import (
     HANDLER_MODULE,
     Handler,
     autodiscover,
@@ -45,7 +45,7 @@ from .handlers import (
     register,
     unregister,
 )
-from .models import OutboxMessage, OutboxState
+from django_idempotency.models import OutboxMessage, OutboxState
 
 __all__ = [
     "HANDLER_MODULE",
@@ -213,7 +213,7 @@ def kick(using: str | None = None) -> bool:
     if not conf.outbox_kick:
         return False
     try:
-        from .tasks import send_relay_task
+        from django_idempotency.tasks import send_relay_task
     except ImportError:  # Celery is not installed
         return False
     try:

@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING
 from django.db import DatabaseError, InterfaceError, transaction
 from django.http.response import HttpResponseBase
 
-from . import exceptions
-from .exceptions import PhaseError as PhaseError
+from django_idempotency import exceptions
+from django_idempotency.exceptions import PhaseError as PhaseError
 
 if TYPE_CHECKING:
-    from . import store
-    from .context import IdempotencyContext
-    from .options import Options
+    from django_idempotency import store
+    from django_idempotency.context import IdempotencyContext
+    from django_idempotency.options import Options
 
 # ``store`` and ``responses`` (models) are imported inside the functions that use them:
 # ``derive_key`` and ``validate_phases`` are pure and importable before Django is set
@@ -148,7 +148,7 @@ def phase_block(context: IdempotencyContext, name: str) -> Iterator[None]:
             f"and must not run again: guard it with "
             f"`if request.idempotency.pending({name!r}):`."
         )
-    from . import store, transactions
+    from django_idempotency import store, transactions
 
     using = context.claim.using
     doomed = ""
@@ -211,8 +211,8 @@ def execute(
             (no phase committed) or suspended (a retry resumes).
         Whatever the view raised, after the claim was released or suspended.
     """
-    from . import store
-    from .responses import rebuild_consumed, snapshot
+    from django_idempotency import store
+    from django_idempotency.responses import rebuild_consumed, snapshot
 
     claim = context.claim
     try:
@@ -250,7 +250,7 @@ def _unwind(
     if not context.recovery_point:
         release(context.claim, status)
         return
-    from . import store
+    from django_idempotency import store
 
     extra = {"principal": context.principal, "endpoint": context.endpoint}
     try:

@@ -43,11 +43,11 @@ from typing import Any
 from django.db import DatabaseError, OperationalError, connections, transaction
 from django.utils.connection import ConnectionDoesNotExist
 
-from . import _pg
-from ._pg_partitioned import server_port
-from .claims import Claim, Scope
-from .conf import conf
-from .logging import key_hash
+from django_idempotency import _pg
+from django_idempotency._pg_partitioned import server_port
+from django_idempotency.claims import Claim, Scope
+from django_idempotency.conf import conf
+from django_idempotency.logging import key_hash
 
 logger = logging.getLogger("django_idempotency")
 

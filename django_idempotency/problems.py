@@ -14,7 +14,7 @@ from typing import Any
 
 from django.http import HttpResponse
 
-from .conf import conf
+from django_idempotency.conf import conf
 
 CONTENT_TYPE = "application/problem+json"
 

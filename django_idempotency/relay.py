@@ -50,11 +50,11 @@ from django.db.models.expressions import RawSQL
 from django.db.models.signals import post_init, pre_init
 from django.dispatch import Signal
 
-from . import clock, handlers
-from ._pg import pg_now
-from .conf import conf
-from .marks import Marks
-from .models import OutboxMessage, OutboxState
+from django_idempotency import clock, handlers
+from django_idempotency._pg import pg_now
+from django_idempotency.conf import conf
+from django_idempotency.marks import Marks
+from django_idempotency.models import OutboxMessage, OutboxState
 
 logger = logging.getLogger("django_idempotency.outbox")
 

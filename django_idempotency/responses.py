@@ -43,8 +43,8 @@ from django.middleware.locale import LocaleMiddleware
 from django.utils import translation
 from django.utils.module_loading import import_string
 
-from .conf import conf
-from .store import StoredResponse
+from django_idempotency.conf import conf
+from django_idempotency.store import StoredResponse
 
 REPLAYED_HEADER = "Idempotent-Replayed"
 

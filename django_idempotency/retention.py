@@ -42,10 +42,10 @@ from django.db import DatabaseError, connections, router
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Q, QuerySet
 
-from . import clock, partitions
-from ._pg_partitioned import SWEEP_LOCK, is_partitioned
-from .conf import conf
-from .models import IdempotencyRecord, OutboxMessage, OutboxState, RecordState
+from django_idempotency import clock, partitions
+from django_idempotency._pg_partitioned import SWEEP_LOCK, is_partitioned
+from django_idempotency.conf import conf
+from django_idempotency.models import IdempotencyRecord, OutboxMessage, OutboxState, RecordState
 
 logger = logging.getLogger("django_idempotency")
 

@@ -41,8 +41,8 @@ from django.db.models import F, Q
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Greatest
 
-from . import clock, presence
-from ._pg import (
+from django_idempotency import clock, presence
+from django_idempotency._pg import (
     PG_CLAIM_COLUMNS,
     PG_CLAIM_SQL,
     PG_COMPLETE_PRUNED_SQL,
@@ -58,16 +58,16 @@ from ._pg import (
     complete_call_sql,
     pg_now,
 )
-from ._pg_partitioned import (
+from django_idempotency._pg_partitioned import (
     FENCED_SQLSTATE,
     PG_PARTITIONED_CLAIM_COLUMNS,
     PG_PARTITIONED_CLAIM_SQL,
     has_completion_function,
     is_partitioned,
 )
-from ._pg_partitioned import forget as forget_table_kind
-from .bodies import decode_body, encode_body
-from .claims import (
+from django_idempotency._pg_partitioned import forget as forget_table_kind
+from django_idempotency.bodies import decode_body, encode_body
+from django_idempotency.claims import (
     BY_LEASE,
     BY_OPERATOR,
     BY_PRESENCE,
@@ -79,8 +79,8 @@ from .claims import (
     Scope,
     StoredResponse,
 )
-from .databases import record_database
-from .models import IdempotencyRecord, RecordState
+from django_idempotency.databases import record_database
+from django_idempotency.models import IdempotencyRecord, RecordState
 
 __all__ = [
     "Claim",

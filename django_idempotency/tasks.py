@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from celery import current_app, shared_task  # type: ignore[import-untyped]
 
-from . import relay
-from .databases import all_databases
+from django_idempotency import relay
+from django_idempotency.databases import all_databases
 
 
 @shared_task(name="django_idempotency.relay_outbox", ignore_result=True)  # type: ignore[untyped-decorator]
@@ -77,7 +77,7 @@ def sweep(using: str | None = None, dry_run: bool = False) -> dict[str, object]:
         The sweep report as a JSON-serialisable dict (``SweepReport.as_dict``); with
         several databases, ``{"databases": [report, ...]}``, one per alias.
     """
-    from . import retention
+    from django_idempotency import retention
 
     aliases = (using,) if using else all_databases()
     reports = [retention.sweep(alias, dry_run=dry_run).as_dict() for alias in aliases]

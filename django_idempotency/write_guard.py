@@ -33,8 +33,8 @@ import sqlparse
 from django.db import connections
 from sqlparse.tokens import Comment, Literal, Number
 
-from .conf import conf
-from .exceptions import CrossDatabaseWrite as CrossDatabaseWrite
+from django_idempotency.conf import conf
+from django_idempotency.exceptions import CrossDatabaseWrite as CrossDatabaseWrite
 
 logger = logging.getLogger("django_idempotency")
 

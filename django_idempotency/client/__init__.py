@@ -39,22 +39,20 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
 
 # The names after ``__all__``'s are module attributes of the single-module client of
 # earlier releases, still importable from here.
-from ..client_store import KeyStore, MemoryKeyStore, SQLiteKeyStore
-from ..client_store import new_key as new_key
-from .aio import AsyncIdempotentClient
-from .backoff import Backoff
-from .errors import (
+from django_idempotency.client.aio import AsyncIdempotentClient
+from django_idempotency.client.backoff import Backoff
+from django_idempotency.client.errors import (
     AttemptEvent,
     IdempotentRequestError,
     NonRetryableError,
     ResponseNotReplayable,
     RetriesExhausted,
 )
-from .responses import HEADER as HEADER
-from .responses import NOT_REPLAYABLE as NOT_REPLAYABLE
-from .responses import PERMANENT_5XX as PERMANENT_5XX
-from .responses import PROBLEM_JSON as PROBLEM_JSON
-from .responses import (
+from django_idempotency.client.responses import HEADER as HEADER
+from django_idempotency.client.responses import NOT_REPLAYABLE as NOT_REPLAYABLE
+from django_idempotency.client.responses import PERMANENT_5XX as PERMANENT_5XX
+from django_idempotency.client.responses import PROBLEM_JSON as PROBLEM_JSON
+from django_idempotency.client.responses import (
     RELEASED_4XX,
     is_replay,
     problem_of,
@@ -62,11 +60,13 @@ from .responses import (
     retry_after_seconds,
     verdict,
 )
-from .responses import REPLAYED_HEADER as REPLAYED_HEADER
-from .responses import RETRYABLE_CONFLICTS as RETRYABLE_CONFLICTS
-from .responses import Verdict as Verdict
-from .sync import Headers as Headers
-from .sync import IdempotentClient
+from django_idempotency.client.responses import REPLAYED_HEADER as REPLAYED_HEADER
+from django_idempotency.client.responses import RETRYABLE_CONFLICTS as RETRYABLE_CONFLICTS
+from django_idempotency.client.responses import Verdict as Verdict
+from django_idempotency.client.sync import Headers as Headers
+from django_idempotency.client.sync import IdempotentClient
+from django_idempotency.client_store import KeyStore, MemoryKeyStore, SQLiteKeyStore
+from django_idempotency.client_store import new_key as new_key
 
 __all__ = [
     "RELEASED_4XX",

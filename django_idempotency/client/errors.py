@@ -7,7 +7,7 @@ from typing import Any
 
 import httpx
 
-from .responses import Verdict, problem_of, problem_slug
+from django_idempotency.client.responses import Verdict, problem_of, problem_slug
 
 
 @dataclass(frozen=True)

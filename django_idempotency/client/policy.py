@@ -13,9 +13,8 @@ from typing import Any
 import httpx
 import stamina
 
-from ..client_store import KeyStore, MemoryKeyStore, new_key
-from .backoff import Backoff
-from .errors import (
+from django_idempotency.client.backoff import Backoff
+from django_idempotency.client.errors import (
     AttemptEvent,
     NonRetryableError,
     ResponseNotReplayable,
@@ -23,7 +22,7 @@ from .errors import (
     _describe,
     _Retry,
 )
-from .responses import (
+from django_idempotency.client.responses import (
     NOT_REPLAYABLE,
     Verdict,
     is_replay,
@@ -31,6 +30,7 @@ from .responses import (
     retry_after_seconds,
     verdict,
 )
+from django_idempotency.client_store import KeyStore, MemoryKeyStore, new_key
 
 
 def _backoff_hook(exc: Exception) -> bool | float:

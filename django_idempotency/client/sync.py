@@ -8,11 +8,11 @@ from typing import Any
 
 import httpx
 
-from ..client_store import KeyStore
-from .backoff import Backoff
-from .errors import AttemptEvent, _Retry
-from .policy import _Base
-from .responses import HEADER
+from django_idempotency.client.backoff import Backoff
+from django_idempotency.client.errors import AttemptEvent, _Retry
+from django_idempotency.client.policy import _Base
+from django_idempotency.client.responses import HEADER
+from django_idempotency.client_store import KeyStore
 
 Headers = Mapping[str, str]
 

@@ -28,7 +28,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from .. import metrics
+from django_idempotency import metrics
 
 logger = logging.getLogger("django_idempotency.metrics")
 
@@ -147,7 +147,7 @@ class OutboxCollector(Collector):
             return iter(())
         finally:
             if self.close_connection:
-                from ..outbox import database_for_write
+                from django_idempotency.outbox import database_for_write
 
                 connection = connections[self.using or database_for_write()]
                 if not connection.in_atomic_block:

@@ -28,6 +28,12 @@ record and derives their dedup keys from it), as in a view.
 
 from __future__ import annotations
 
-from .calls import Attempt, encode_result, idempotent_call, once, payload_fingerprint
+from django_idempotency.inbox.calls import (
+    Attempt,
+    encode_result,
+    idempotent_call,
+    once,
+    payload_fingerprint,
+)
 
 __all__ = ["Attempt", "encode_result", "idempotent_call", "once", "payload_fingerprint"]

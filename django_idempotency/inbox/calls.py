@@ -18,12 +18,20 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError, InterfaceError, transaction
 
-from .. import exceptions, extractors, presence, signals, store, transactions, write_guard
-from ..conf import conf
-from ..context import IdempotencyContext, running
-from ..exceptions import InFlight, KeyReused, UnstorableResult
-from ..logging import key_hash
-from ..protocol import _fit
+from django_idempotency import (
+    exceptions,
+    extractors,
+    presence,
+    signals,
+    store,
+    transactions,
+    write_guard,
+)
+from django_idempotency.conf import conf
+from django_idempotency.context import IdempotencyContext, running
+from django_idempotency.exceptions import InFlight, KeyReused, UnstorableResult
+from django_idempotency.logging import key_hash
+from django_idempotency.protocol import _fit
 
 logger = logging.getLogger("django_idempotency")
 

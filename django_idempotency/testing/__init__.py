@@ -12,10 +12,10 @@
 
 from __future__ import annotations
 
-from .clock import past_lease, travel
-from .duplicates import Duplicates, fire_duplicates
-from .fencing import Fencing, fence_stale_owner
-from .mixins import IdempotencyTestMixin
+from django_idempotency.testing.clock import past_lease, travel
+from django_idempotency.testing.duplicates import Duplicates, fire_duplicates
+from django_idempotency.testing.fencing import Fencing, fence_stale_owner
+from django_idempotency.testing.mixins import IdempotencyTestMixin
 
 __all__ = [
     "Duplicates",

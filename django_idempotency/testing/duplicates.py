@@ -6,8 +6,12 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from .outcomes import ClientFactory, describe, kind_of, send
-from .threads import counting_claims, require_committed_reads, run_together
+from django_idempotency.testing.outcomes import ClientFactory, describe, kind_of, send
+from django_idempotency.testing.threads import (
+    counting_claims,
+    require_committed_reads,
+    run_together,
+)
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,11 @@ from typing import Any
 
 from django.db import connections
 
-from .. import signals
-from ..logging import key_hash
-from .clock import past_lease
-from .outcomes import ClientFactory, describe, kind_of, send
-from .threads import counting_claims, require_committed_reads
+from django_idempotency import signals
+from django_idempotency.logging import key_hash
+from django_idempotency.testing.clock import past_lease
+from django_idempotency.testing.outcomes import ClientFactory, describe, kind_of, send
+from django_idempotency.testing.threads import counting_claims, require_committed_reads
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class _HoldFirstClaim:
 
 def _lease_of(key: str, default: float | None) -> float | None:
     """The claimed record's lease, seconds (``lease_until - created_at``)."""
-    from ..models import IdempotencyRecord  # not at import: the pytest plugin imports us
+    from django_idempotency.models import IdempotencyRecord
 
     if default is not None:
         return default

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .duplicates import Duplicates, fire_duplicates
-from .fencing import Fencing, fence_stale_owner
-from .outcomes import ClientFactory
+from django_idempotency.testing.duplicates import Duplicates, fire_duplicates
+from django_idempotency.testing.fencing import Fencing, fence_stale_owner
+from django_idempotency.testing.outcomes import ClientFactory
 
 
 class IdempotencyTestMixin:

@@ -19,7 +19,12 @@ class Kit:
     """
 
     def __init__(self) -> None:
-        from . import fence_stale_owner, fire_duplicates, past_lease, travel
+        from django_idempotency.testing import (
+            fence_stale_owner,
+            fire_duplicates,
+            past_lease,
+            travel,
+        )
 
         self.fire_duplicates = fire_duplicates
         self.fence_stale_owner = fence_stale_owner

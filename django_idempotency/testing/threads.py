@@ -9,8 +9,8 @@ from typing import Any, TypeVar
 
 from django.db import DEFAULT_DB_ALIAS, connections
 
-from .. import signals
-from ..logging import key_hash
+from django_idempotency import signals
+from django_idempotency.logging import key_hash
 
 T = TypeVar("T")
 
