@@ -65,7 +65,7 @@ def main() -> None:
     from django.db import connection, transaction
 
     from django_idempotency import retention, store, testing
-    from django_idempotency._pg_partitioned import forget
+    from django_idempotency.store.schema import forget
     from django_idempotency.models import IdempotencyRecord
 
     call_command("migrate", "django_idempotency", "zero", verbosity=0)

@@ -81,8 +81,9 @@ def main() -> int:
 def run(args: argparse.Namespace) -> None:
     from django.db import connection, transaction
 
-    from django_idempotency import _pg, store
-    from django_idempotency._pg_partitioned import PG_PARTITIONED_CLAIM_SQL
+    from django_idempotency.store import sql
+    from django_idempotency import store
+    from django_idempotency.store.schema import PG_PARTITIONED_CLAIM_SQL
     from django_idempotency.store import Scope, StoredResponse
 
     cursor = connection.cursor()
@@ -103,7 +104,7 @@ def run(args: argparse.Namespace) -> None:
         "nextval('plain_seq'); ALTER TABLE plain_record ADD PRIMARY KEY (id); "
         "ALTER TABLE plain_record ADD UNIQUE (principal, endpoint, key)"
     )
-    plain_claim = _pg.PG_CLAIM_SQL.replace("django_idempotency_record", "plain_record")
+    plain_claim = sql.PG_CLAIM_SQL.replace("django_idempotency_record", "plain_record")
     tick = os.sysconf("SC_CLK_TCK")
 
     def backend_cpu() -> float:

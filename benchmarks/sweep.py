@@ -78,7 +78,7 @@ def use_table(partitioned: bool) -> None:
     from django.core.management import call_command
     from django.db import connection
 
-    from django_idempotency._pg_partitioned import forget
+    from django_idempotency.store.schema import forget
 
     with connection.cursor() as cursor:
         cursor.execute("TRUNCATE django_idempotency_record")

@@ -60,7 +60,8 @@ def measure(runs: int, presence_on: bool) -> list[float]:
     """Milliseconds from the owner's COMMIT to the duplicate's replay, per run."""
     from django.test import override_settings
 
-    from django_idempotency import presence, protocol, store
+    from django_idempotency.store import presence
+    from django_idempotency import protocol, store
     from django_idempotency.options import Options
 
     options = Options.from_kwargs(wait=10)

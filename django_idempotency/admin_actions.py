@@ -17,8 +17,8 @@ from django.template.response import TemplateResponse
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
-from django_idempotency import operators
 from django_idempotency.models import RecordState
+from django_idempotency.store import operators
 
 
 def _confirmed(request: HttpRequest) -> bool:

@@ -18,7 +18,7 @@ from django.db import connections, router
 
 from django_idempotency.checks_views import _view_options, url_patterns
 from django_idempotency.conf import conf
-from django_idempotency.databases import all_databases, record_database
+from django_idempotency.store.routing import all_databases, record_database
 
 _DOCS = "docs/deployment.md, 'Several databases'"
 

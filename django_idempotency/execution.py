@@ -25,9 +25,7 @@ from django.http.response import HttpResponseBase
 
 from django_idempotency import (
     exceptions,
-    heartbeat,
     phases,
-    presence,
     problems,
     savepoints,
     signals,
@@ -41,6 +39,7 @@ from django_idempotency.logging import key_hash
 from django_idempotency.options import Options
 from django_idempotency.protocol import Proceed
 from django_idempotency.responses import rebuild_consumed, snapshot
+from django_idempotency.store import heartbeat, presence
 
 logger = logging.getLogger("django_idempotency")
 

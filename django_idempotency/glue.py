@@ -15,9 +15,10 @@ from django.db import connections, transaction
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 
-from django_idempotency import execution, presence, protocol
+from django_idempotency import execution, protocol
 from django_idempotency.context import UnprotectedContext
 from django_idempotency.options import Options
+from django_idempotency.store import presence
 
 #: Attribute of a DRF request holding the ``NotAcceptable`` that replay-aware content
 #: negotiation deferred (``drf.ReplayNegotiationMixin``): raised if the view must run.

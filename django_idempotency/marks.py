@@ -29,8 +29,8 @@ from typing import Any, Protocol
 
 from django.db import DatabaseError, connections
 
-from django_idempotency import clock
 from django_idempotency.models import OutboxMessage, OutboxState
+from django_idempotency.store import clock
 
 logger = logging.getLogger("django_idempotency.outbox")
 

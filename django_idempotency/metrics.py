@@ -23,7 +23,8 @@ from django.db import connections
 from django.db.models import Count, Min, Q
 from django.dispatch import Signal
 
-from django_idempotency import clock, signals
+from django_idempotency import signals
+from django_idempotency.store import clock
 
 logger = logging.getLogger("django_idempotency.metrics")
 

@@ -165,7 +165,7 @@ class Options:
             django.core.exceptions.ImproperlyConfigured: the choice is not an alias in
                 ``settings.DATABASES``.
         """
-        from django_idempotency.databases import for_request
+        from django_idempotency.store.routing import for_request
 
         return for_request(request, self.using)
 

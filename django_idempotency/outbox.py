@@ -32,8 +32,7 @@ from typing import Any
 
 from django.db import IntegrityError, connections, transaction
 
-from django_idempotency import clock, context
-from django_idempotency._pg import pg_now
+from django_idempotency import context
 from django_idempotency.conf import conf
 from django_idempotency.exceptions import NotInTransaction as NotInTransaction
 from django_idempotency.handlers import (
@@ -46,6 +45,8 @@ from django_idempotency.handlers import (
     unregister,
 )
 from django_idempotency.models import OutboxMessage, OutboxState
+from django_idempotency.store import clock
+from django_idempotency.store.sql import pg_now
 
 __all__ = [
     "HANDLER_MODULE",

@@ -19,8 +19,8 @@ from typing import Any
 from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from django_idempotency import clock
-from django_idempotency._pg_partitioned import (
+from django_idempotency.store import clock
+from django_idempotency.store.schema import (
     CLAIM_FUNCTION_V1,
     CLAIM_FUNCTION_V2,
     CLAIM_FUNCTION_V3,

@@ -24,22 +24,14 @@ from django.http.multipartparser import MultiPartParserError
 from django.http.request import RawPostDataException
 from django.http.response import HttpResponseBase
 
-from django_idempotency import (
-    extractors,
-    fingerprint,
-    operators,
-    presence,
-    problems,
-    signals,
-    store,
-    transactions,
-)
+from django_idempotency import extractors, fingerprint, problems, signals, store, transactions
 from django_idempotency.conf import conf
 from django_idempotency.context import IdempotencyContext, running
 from django_idempotency.keys import HEADER, InvalidKey, parse_key
 from django_idempotency.logging import key_hash
 from django_idempotency.options import Options
 from django_idempotency.responses import REPLAYED_HEADER, HeaderPolicy, build
+from django_idempotency.store import operators, presence
 
 logger = logging.getLogger("django_idempotency")
 

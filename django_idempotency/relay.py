@@ -50,11 +50,12 @@ from django.db.models.expressions import RawSQL
 from django.db.models.signals import post_init, pre_init
 from django.dispatch import Signal
 
-from django_idempotency import clock, handlers
-from django_idempotency._pg import pg_now
+from django_idempotency import handlers
 from django_idempotency.conf import conf
 from django_idempotency.marks import Marks
 from django_idempotency.models import OutboxMessage, OutboxState
+from django_idempotency.store import clock
+from django_idempotency.store.sql import pg_now
 
 logger = logging.getLogger("django_idempotency.outbox")
 

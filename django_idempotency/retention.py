@@ -42,10 +42,11 @@ from django.db import DatabaseError, connections, router
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Q, QuerySet
 
-from django_idempotency import clock, partitions
-from django_idempotency._pg_partitioned import SWEEP_LOCK, is_partitioned
+from django_idempotency import partitions
 from django_idempotency.conf import conf
 from django_idempotency.models import IdempotencyRecord, OutboxMessage, OutboxState, RecordState
+from django_idempotency.store import clock
+from django_idempotency.store.schema import SWEEP_LOCK, is_partitioned
 
 logger = logging.getLogger("django_idempotency")
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from celery import current_app, shared_task  # type: ignore[import-untyped]
 
 from django_idempotency import relay
-from django_idempotency.databases import all_databases
+from django_idempotency.store.routing import all_databases
 
 
 @shared_task(name="django_idempotency.relay_outbox", ignore_result=True)  # type: ignore[untyped-decorator]

@@ -9,6 +9,7 @@ import pytest
 from django.db import connection, connections, transaction
 from rest_framework.test import APIClient
 
+from django_idempotency.store import isolation as store_isolation
 from tests.factories import TokenFactory
 from tests.testapp.gates import GATES, HOOKS, Gate
 
@@ -179,7 +180,6 @@ def server_repeatable_read() -> Any:
 
     Undone after the test, with what claims found out about it (PostgreSQL only).
     """
-    from django_idempotency import store
 
     name = connection.settings_dict["NAME"]
     with connection.cursor() as cursor:
@@ -194,4 +194,4 @@ def server_repeatable_read() -> Any:
         with connection.cursor() as cursor:
             cursor.execute(f'ALTER DATABASE "{name}" RESET default_transaction_isolation')
         connections.close_all()
-        store._strict_databases.discard("default")
+        store_isolation.strict_databases.discard("default")

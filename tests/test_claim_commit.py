@@ -24,8 +24,12 @@ from typing import Any
 import pytest
 from django.db import connection, transaction
 
-from django_idempotency import _pg_partitioned, exceptions, store, transactions
+from django_idempotency import exceptions, store, transactions
 from django_idempotency.models import IdempotencyRecord
+from django_idempotency.store import isolation as store_isolation
+from django_idempotency.store import claims as store_claims
+from django_idempotency.store import rows as store_rows
+from django_idempotency.store import schema
 from tests.concurrency import token_client
 from tests.factories import TokenFactory
 from tests.faults import admin_connection
@@ -70,12 +74,12 @@ def test_a_claim_inside_a_callers_transaction_never_makes_it_asynchronous(record
 def test_the_claim_statement_commits_asynchronously_when_asked(record_table, monkeypatch):
     """What the statement does with ``async_commit``, seen inside an explicit block."""
     seen: list[str] = []
-    real = store._pg_params
+    real = store_rows.pg_params
 
     def in_block(sc: store.Scope, **extra: object) -> dict[str, object]:
         return real(sc, **{**extra, "async_commit": True})
 
-    monkeypatch.setattr(store, "_pg_params", in_block)
+    monkeypatch.setattr(store_claims, "pg_params", in_block)  # where the claim calls it
     with transaction.atomic():
         claim(scope())
         seen.append(synchronous_commit())
@@ -101,7 +105,7 @@ def test_the_pruned_completion_plans_one_partition(record_table):
     if record_table != "partitioned":
         pytest.skip("partitions only")
     won = claim(scope())
-    from django_idempotency._pg import PG_COMPLETE_PRUNED_SQL
+    from django_idempotency.store.sql import PG_COMPLETE_PRUNED_SQL
 
     params = {
         "status": 201,
@@ -205,9 +209,9 @@ def test_without_the_completion_function_the_plain_update_runs_and_commits_apart
     """The code deployed before migration 0006 ran: the function is not there yet."""
     with transaction.atomic():
         with connection.cursor() as cursor:
-            cursor.execute(_pg_partitioned.DROP_COMPLETE_FUNCTION)
-        _pg_partitioned.forget()
-        assert not _pg_partitioned.has_completion_function(connection)
+            cursor.execute(schema.DROP_COMPLETE_FUNCTION)
+        schema.forget()
+        assert not schema.has_completion_function(connection)
         assert not store.commits_with_completion(connection)
         # A window shorter than the lease: the completion pushes the window past it.
         won = store.claim(scope(), FP, lease=30, retention=1)
@@ -222,8 +226,8 @@ def test_without_the_completion_function_the_plain_update_runs_and_commits_apart
         row = IdempotencyRecord.objects.get(pk=won.record_id)
         assert row.state == "completed" and row.expires_at > window
         transaction.set_rollback(True)  # DDL is transactional: the function is back
-    _pg_partitioned.forget()
-    assert _pg_partitioned.has_completion_function(connection)
+    schema.forget()
+    assert schema.has_completion_function(connection)
 
 
 def test_no_committing_completion_above_read_committed_or_with_server_binding(
@@ -237,9 +241,9 @@ def test_no_committing_completion_above_read_committed_or_with_server_binding(
     assert not store.commits_with_completion(connection)
     monkeypatch.setitem(options, "isolation_level", IsolationLevel.READ_COMMITTED)
     assert store.commits_with_completion(connection)
-    monkeypatch.setattr(store, "_strict_databases", {"default"})  # the server's default
+    monkeypatch.setattr(store_isolation, "strict_databases", {"default"})  # the server's default
     assert not store.commits_with_completion(connection)  # is stricter (claims found out)
-    monkeypatch.setattr(store, "_strict_databases", set())
+    monkeypatch.setattr(store_isolation, "strict_databases", set())
     assert store.commits_with_completion(connection)
     monkeypatch.setitem(options, "server_side_binding", True)
     assert not store.commits_with_completion(connection)
@@ -276,14 +280,14 @@ def test_a_deferred_constraint_refused_by_the_committing_completion_is_the_views
 
 def test_the_claims_column_names_are_the_ones_postgresql_returns(record_table):
     """The store reads claim rows by position (no description built per request)."""
-    from django_idempotency._pg import PG_CLAIM_COLUMNS, PG_CLAIM_SQL
-    from django_idempotency._pg_partitioned import (
+    from django_idempotency.store.schema import (
         PG_PARTITIONED_CLAIM_COLUMNS,
         PG_PARTITIONED_CLAIM_SQL,
     )
+    from django_idempotency.store.sql import PG_CLAIM_COLUMNS, PG_CLAIM_SQL
 
     sc = scope()
-    params = store._pg_params(
+    params = store_rows.pg_params(
         sc,
         fingerprint=FP,
         token=uuid.uuid4(),

@@ -32,9 +32,9 @@ from django_idempotency.checks_databases import (
     check_record_placement,
     check_view_databases,
 )
-from django_idempotency.databases import all_databases
 from django_idempotency.decorators import idempotent
 from django_idempotency.models import IdempotencyRecord, OutboxMessage, OutboxState
+from django_idempotency.store.routing import all_databases
 from django_idempotency.write_guard import CrossDatabaseWrite, writes
 from tests.concurrency import Runner
 from tests.testapp.models import Widget

@@ -89,7 +89,7 @@ def test_the_heartbeat_reconnects_after_its_connection_dropped(gate, caplog):
     have ended still gets 409 and the view completes (201)."""
     from django.db import connection
 
-    from django_idempotency import presence
+    from django_idempotency.store import presence
 
     if not presence.direct(connection):
         pytest.skip("behind a pooler the heartbeat's server session cannot be told apart")

@@ -120,9 +120,10 @@ def test_a_takeover_says_whether_the_lease_expired_or_an_operator_ended_it(caplo
     after ``operators.end_leases`` (the admin's "End the lease") ended a live lease,
     ``lease`` after the lease ran out by itself. Never "expired" for a lease an operator
     ended."""
-    from django_idempotency import operators, store, testing
+    from django_idempotency import store, testing
     from django_idempotency.options import Options
     from django_idempotency.protocol import Proceed, _claim
+    from django_idempotency.store import operators
 
     caplog.set_level(logging.WARNING, logger=LOGGER)
     fp = "f" * 64

@@ -17,8 +17,8 @@ from django.db.models import Max
 from django.test import override_settings
 
 from django_idempotency import partitions, retention, store, testing
-from django_idempotency._pg_partitioned import forget, is_partitioned
 from django_idempotency.models import IdempotencyRecord
+from django_idempotency.store.schema import forget, is_partitioned
 from tests.concurrency import Runner
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]

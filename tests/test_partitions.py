@@ -18,14 +18,14 @@ from django.db import IntegrityError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from django_idempotency import exceptions, partitions, retention, store, testing
-from django_idempotency._pg_partitioned import (
+from django_idempotency.conf import conf
+from django_idempotency.models import IdempotencyRecord, RecordState
+from django_idempotency.store.schema import (
     PG_PARTITIONED_CLAIM_SQL,
     SWEEP_LOCK,
     forget,
     is_partitioned,
 )
-from django_idempotency.conf import conf
-from django_idempotency.models import IdempotencyRecord, RecordState
 from tests.concurrency import Runner
 from tests.factories import IdempotencyRecordFactory
 

@@ -23,8 +23,8 @@ import pytest
 from django.db import DatabaseError, connection, connections, transaction
 
 from django_idempotency import outbox, relay, retention, store, testing
-from django_idempotency._pg_partitioned import SWEEP_LOCK
 from django_idempotency.models import IdempotencyRecord
+from django_idempotency.store.schema import SWEEP_LOCK
 from tests.concurrency import Runner
 from tests.pgbouncer import pgbouncer_port
 

@@ -31,7 +31,8 @@ import pytest
 from django.db import connection, connections
 from django.test import override_settings
 
-from django_idempotency import exceptions, metrics, presence, signals, store
+from django_idempotency import exceptions, metrics, signals, store
+from django_idempotency.store import presence
 from tests.concurrency import Runner, token_client
 from tests.factories import TokenFactory
 from tests.pgbouncer import database_url

@@ -21,9 +21,11 @@ from typing import Any
 import pytest
 from django.db import connection, connections, transaction
 
-from django_idempotency import clock, outbox, relay, store, testing
-from django_idempotency._pg import PG_EXTEND_SQL
+from django_idempotency import outbox, relay, store, testing
 from django_idempotency.models import IdempotencyRecord, OutboxMessage, OutboxState
+from django_idempotency.store import claims as store_claims
+from django_idempotency.store import clock
+from django_idempotency.store.sql import PG_EXTEND_SQL
 from tests.concurrency import Runner, token_client
 from tests.factories import TokenFactory
 from tests.testapp.gates import HOOKS
@@ -68,13 +70,13 @@ def test_a_heartbeat_between_the_read_and_the_takeover_keeps_the_owner(record_ta
     contender's UPDATE. The database re-checks the lease: the live owner keeps the key."""
     sc = scope()
     owner = claim(sc)
-    real = store._take_over
+    real = store_claims._take_over
 
     def heartbeat_first(*args: Any, **kwargs: Any) -> bool:
         assert in_thread(lambda: store.extend(owner, 600)) is True
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(store, "_take_over", heartbeat_first)
+    monkeypatch.setattr(store_claims, "_take_over", heartbeat_first)
     with testing.travel(31):
         contender = claim(sc)
         assert isinstance(contender, store.Existing), contender
@@ -88,7 +90,7 @@ def test_a_contender_that_read_before_another_took_over_does_not_win(record_tabl
     read and its UPDATE. Exactly one wins; the loser sees the winner's live claim."""
     sc = scope()
     claim(sc)
-    real = store._take_over
+    real = store_claims._take_over
     started: list[bool] = []
     winner: list[Any] = []
 
@@ -98,7 +100,7 @@ def test_a_contender_that_read_before_another_took_over_does_not_win(record_tabl
             winner.append(in_thread(lambda: claim(sc)))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(store, "_take_over", another_first)
+    monkeypatch.setattr(store_claims, "_take_over", another_first)
     with testing.travel(31):
         loser = claim(sc)
     (first,) = winner
@@ -116,7 +118,7 @@ def test_a_phase_committed_after_the_read_is_resumed_after_by_the_takeover(
     the takeover must resume after that phase, never run it a second time."""
     sc = scope()
     owner = claim(sc)
-    real = store._take_over
+    real = store_claims._take_over
 
     def phase_first(*args: Any, **kwargs: Any) -> bool:
         def advance() -> None:
@@ -126,7 +128,7 @@ def test_a_phase_committed_after_the_read_is_resumed_after_by_the_takeover(
         in_thread(advance)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(store, "_take_over", phase_first)
+    monkeypatch.setattr(store_claims, "_take_over", phase_first)
     with testing.travel(31):
         contender = claim(sc)
     assert isinstance(contender, store.Claim) and contender.taken_over
@@ -214,13 +216,13 @@ def test_a_heartbeat_after_the_read_keeps_an_expired_record_from_being_forgotten
             (result,) = contender.join(30)
             done(owner)
     else:
-        real = store._forget_expired
+        real = store_claims._forget_expired
 
         def heartbeat_first(*args: Any, **kwargs: Any) -> None:
             assert in_thread(lambda: store.extend(owner, 600)) is True
             real(*args, **kwargs)
 
-        monkeypatch.setattr(store, "_forget_expired", heartbeat_first)
+        monkeypatch.setattr(store_claims, "_forget_expired", heartbeat_first)
         with testing.travel(120):
             result = claim(sc, retention_s=60)
             done(owner)

@@ -13,8 +13,9 @@ from django.db import connection, transaction
 from django.test import override_settings
 from django.utils import timezone
 
-from django_idempotency import clock, outbox, relay
+from django_idempotency import outbox, relay
 from django_idempotency.models import OutboxMessage, OutboxState
+from django_idempotency.store import clock
 from django_idempotency.testing import travel
 
 pytestmark = pytest.mark.django_db

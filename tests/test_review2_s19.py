@@ -12,8 +12,8 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from django_idempotency import store
 from django_idempotency.models import IdempotencyRecord
+from django_idempotency.store import isolation as store_isolation
 from tests.concurrency import token_client
 from tests.factories import TokenFactory
 from tests.faults import admin_connection, terminate
@@ -107,9 +107,9 @@ def assert_fresh() -> None:
 def test_the_two_step_completion_of_a_view_that_opens_a_block_first(
     monkeypatch: pytest.MonkeyPatch,
 ):
-    """The server's default isolation is stricter (store._strict_databases): no COMMIT
+    """The server's default isolation is stricter (store_isolation.strict_databases): no COMMIT
     with the completion; the COMMIT goes on its own at the block's exit."""
-    monkeypatch.setattr(store, "_strict_databases", {"default"})
+    monkeypatch.setattr(store_isolation, "strict_databases", {"default"})
     assert post("/review2/block-then", str(uuid.uuid4())).status_code == 201
     assert committed() == ["first", "last"]
     assert IdempotencyRecord.objects.get().state == "completed"

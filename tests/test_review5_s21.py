@@ -14,7 +14,8 @@ import pytest
 from django.db import connection, connections, transaction
 from django.test import override_settings
 
-from django_idempotency import clock, store
+from django_idempotency import store
+from django_idempotency.store import clock
 from tests.conftest import client_for
 from tests.testapp.models import Widget
 
@@ -48,7 +49,7 @@ def _response() -> store.StoredResponse:
 
 
 def partitioned() -> bool:
-    from django_idempotency._pg_partitioned import is_partitioned
+    from django_idempotency.store.schema import is_partitioned
 
     return is_partitioned(connection)
 

@@ -18,6 +18,7 @@ from django.db import connection, connections, transaction
 
 from django_idempotency import exceptions, retention, store, testing
 from django_idempotency.models import IdempotencyRecord, RecordState
+from django_idempotency.store import isolation as store_isolation
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -186,7 +187,7 @@ def test_a_heartbeat_on_a_server_defaulting_to_repeatable_read_is_refused_not_fe
     key = str(uuid.uuid4())
     warm = api.post("/widgets", {"name": "w"}, format="json", HTTP_IDEMPOTENCY_KEY=key)
     assert warm.status_code == 201, warm.content
-    assert "default" in store._strict_databases  # the claim saw the server's default
+    assert "default" in store_isolation.strict_databases  # the claim saw the server's default
     key = str(uuid.uuid4())
     with pytest.raises(exceptions.HeartbeatUnavailable, match="READ COMMITTED"):
         api.post("/heartbeat", {}, format="json", HTTP_IDEMPOTENCY_KEY=key)

@@ -21,10 +21,11 @@ from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
 from django.test import Client
 from django.urls import path
 
-from django_idempotency import clock, exceptions, presence, signals, store
+from django_idempotency import exceptions, signals, store
 from django_idempotency.decorators import idempotent
 from django_idempotency.inbox import once
 from django_idempotency.models import IdempotencyRecord, RecordState
+from django_idempotency.store import clock, presence
 from django_idempotency.write_guard import CrossDatabaseWrite, writes
 from tests.concurrency import Runner
 from tests.testapp.models import Widget

@@ -14,8 +14,8 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 
 from django_idempotency import retention, store, testing
-from django_idempotency._pg_partitioned import SWEEP_LOCK
 from django_idempotency.models import IdempotencyRecord
+from django_idempotency.store.schema import SWEEP_LOCK
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -16,8 +16,8 @@ from django.http import HttpResponse
 from django.test import TransactionTestCase
 from rest_framework.test import APIClient
 
-from django_idempotency import clock
 from django_idempotency.conf import conf
+from django_idempotency.store import clock
 from django_idempotency.testing import (
     Duplicates,
     IdempotencyTestMixin,

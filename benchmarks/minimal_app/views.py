@@ -20,9 +20,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from django_idempotency import clock
-from django_idempotency._pg import complete_call_sql
-from django_idempotency._pg_partitioned import PG_PARTITIONED_CLAIM_SQL
+from django_idempotency.store import clock
+from django_idempotency.store.sql import complete_call_sql
+from django_idempotency.store.schema import PG_PARTITIONED_CLAIM_SQL
 from django_idempotency.drf import IdempotentMixin
 
 from .models import FloorRecord, Item

@@ -18,20 +18,13 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError, InterfaceError, transaction
 
-from django_idempotency import (
-    exceptions,
-    extractors,
-    presence,
-    signals,
-    store,
-    transactions,
-    write_guard,
-)
+from django_idempotency import exceptions, extractors, signals, store, transactions, write_guard
 from django_idempotency.conf import conf
 from django_idempotency.context import IdempotencyContext, running
 from django_idempotency.exceptions import InFlight, KeyReused, UnstorableResult
 from django_idempotency.logging import key_hash
 from django_idempotency.protocol import _fit
+from django_idempotency.store import presence
 
 logger = logging.getLogger("django_idempotency")
 

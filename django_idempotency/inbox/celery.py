@@ -23,9 +23,9 @@ from typing import Any, TypeVar
 
 from celery import current_task, shared_task  # type: ignore[import-untyped]
 
-from django_idempotency import presence
 from django_idempotency.exceptions import InFlight
 from django_idempotency.inbox.calls import ArgsCallable, idempotent_call
+from django_idempotency.store import presence
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -28,7 +28,7 @@ def _days(connection):
 
 def partition(apps, schema_editor):
     from django_idempotency import partitions
-    from django_idempotency._pg_partitioned import forget, is_partitioned
+    from django_idempotency.store.schema import forget, is_partitioned
     from django_idempotency.conf import conf
 
     forget()
@@ -51,7 +51,7 @@ def partition(apps, schema_editor):
 
 def unpartition(apps, schema_editor):
     from django_idempotency import partitions
-    from django_idempotency._pg_partitioned import forget, is_partitioned
+    from django_idempotency.store.schema import forget, is_partitioned
 
     forget()
     connection = schema_editor.connection

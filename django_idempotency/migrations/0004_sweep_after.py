@@ -19,7 +19,7 @@ def _hinted(**kwargs):
 
 
 def fill(apps, schema_editor):
-    from django_idempotency._pg_partitioned import forget, is_partitioned
+    from django_idempotency.store.schema import forget, is_partitioned
 
     forget()
     connection = schema_editor.connection
@@ -36,7 +36,7 @@ def fill(apps, schema_editor):
 
 def repartition(apps, schema_editor, *, version):
     from django_idempotency import partitions, retention
-    from django_idempotency._pg_partitioned import forget, is_partitioned
+    from django_idempotency.store.schema import forget, is_partitioned
 
     forget()
     connection = schema_editor.connection

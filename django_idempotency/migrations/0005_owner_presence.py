@@ -17,7 +17,7 @@ def _hinted(**kwargs):
 
 
 def forwards(apps, schema_editor):
-    from django_idempotency._pg_partitioned import CLAIM_FUNCTION_V3, forget, is_partitioned
+    from django_idempotency.store.schema import CLAIM_FUNCTION_V3, forget, is_partitioned
 
     forget()
     connection = schema_editor.connection
@@ -27,7 +27,7 @@ def forwards(apps, schema_editor):
 
 
 def backwards(apps, schema_editor):
-    from django_idempotency._pg_partitioned import DROP_CLAIM_FUNCTION_V3, forget
+    from django_idempotency.store.schema import DROP_CLAIM_FUNCTION_V3, forget
 
     forget()
     connection = schema_editor.connection

@@ -16,7 +16,7 @@ def _hinted(**kwargs):
 
 
 def forwards(apps, schema_editor):
-    from django_idempotency._pg_partitioned import COMPLETE_FUNCTION, forget
+    from django_idempotency.store.schema import COMPLETE_FUNCTION, forget
 
     forget()
     connection = schema_editor.connection
@@ -26,7 +26,7 @@ def forwards(apps, schema_editor):
 
 
 def backwards(apps, schema_editor):
-    from django_idempotency._pg_partitioned import DROP_COMPLETE_FUNCTION, forget
+    from django_idempotency.store.schema import DROP_COMPLETE_FUNCTION, forget
 
     forget()
     connection = schema_editor.connection

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from django_idempotency import clock
 from django_idempotency.conf import conf
+from django_idempotency.store import clock
 
 
 @contextmanager

@@ -11,7 +11,7 @@ from django.utils.translation import ngettext
 
 from django_idempotency import relay
 from django_idempotency.conf import conf
-from django_idempotency.databases import all_databases
+from django_idempotency.store.routing import all_databases
 
 
 class Command(BaseCommand):

@@ -9,7 +9,7 @@ from django.db import connections
 from django.utils.translation import ngettext
 
 from django_idempotency import retention
-from django_idempotency.databases import all_databases
+from django_idempotency.store.routing import all_databases
 
 
 class Command(BaseCommand):

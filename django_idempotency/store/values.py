@@ -1,7 +1,10 @@
-"""What the store hands out and takes in: scopes, claims, stored responses, errors.
+"""What the store hands out and takes in: scopes, claims, stored responses, bodies.
 
-Plain values, no SQL: ``store`` makes and reads them, the HTTP glue passes them on
-(docs/concepts.md). Everything here is re-exported by ``django_idempotency.store``.
+Plain values, no SQL: the store makes and reads them, the protocol passes them on
+(docs/concepts.md). Also how a response body is stored: :func:`encode_body` is what the
+completion writes, :func:`decode_body` what a replay (and the admin) reads back;
+``MAX_RESPONSE_BYTES`` and ``BODY_CODEC`` are described in docs/robustness.md and
+docs/security.md.
 """
 
 from __future__ import annotations
@@ -10,8 +13,7 @@ import datetime as dt
 import uuid
 from dataclasses import dataclass
 
-from django_idempotency.exceptions import HeartbeatUnavailable as HeartbeatUnavailable
-from django_idempotency.exceptions import LeaseLost as LeaseLost
+from django_idempotency.conf import conf
 from django_idempotency.models import RecordState
 
 Headers = list[tuple[str, str]]
@@ -108,3 +110,28 @@ class Existing:
     def completed(self) -> bool:
         """Whether the record holds a stored response."""
         return self.state == RecordState.COMPLETED
+
+
+def encode_body(body: bytes) -> bytes | None:
+    """What the completion writes as ``response_body`` for a response body.
+
+    ``None`` (SQL NULL: not replayable) when ``body`` is longer than the
+    ``MAX_RESPONSE_BYTES`` setting, else ``body`` passed through ``BODY_CODEC``'s
+    ``encode`` (unchanged without a codec). The limit applies to the plain body.
+    """
+    limit = conf.max_response_bytes
+    if limit is not None and len(body) > limit:
+        return None
+    codec = conf.body_codec
+    return body if codec is None else bytes(codec.encode(body))
+
+
+def decode_body(stored: bytes | memoryview) -> bytes:
+    """A stored ``response_body`` as the view returned it: ``BODY_CODEC``'s ``decode``.
+
+    Raises:
+        Whatever the codec raises for data it cannot decode (e.g. a removed key).
+    """
+    codec = conf.body_codec
+    data = bytes(stored)
+    return data if codec is None else bytes(codec.decode(data))

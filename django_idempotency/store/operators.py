@@ -11,9 +11,9 @@ from __future__ import annotations
 from django.db import transaction
 from django.db.models import F
 
-from django_idempotency.claims import Existing, Scope
 from django_idempotency.models import IdempotencyRecord, RecordState
-from django_idempotency.store import _now_value, database_for_write, fetch
+from django_idempotency.store.rows import database_for_write, fetch, now_value
+from django_idempotency.store.values import Existing, Scope
 
 
 def end_leases(record_ids: list[int], *, using: str | None = None) -> int:
@@ -41,7 +41,7 @@ def end_leases(record_ids: list[int], *, using: str | None = None) -> int:
         .filter(
             pk__in=list(record_ids),
             state=RecordState.CLAIMED,
-            lease_until__gt=_now_value(using),
+            lease_until__gt=now_value(using),
         )
         .update(lease_until=F("created_at"))
     )

@@ -6,7 +6,7 @@ statement takes it as ``%(clock_offset)s`` seconds.
 
 from __future__ import annotations
 
-from django_idempotency import clock
+from django_idempotency.store import clock
 
 _NOW = "(statement_timestamp() + %(clock_offset)s * interval '1 second')"
 _T = "django_idempotency_record"

@@ -33,7 +33,7 @@ from typing import NamedTuple
 
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from django_idempotency._pg import PRESENCE_SEED
+from django_idempotency.store.sql import PRESENCE_SEED
 
 TABLE = "django_idempotency_record"
 #: Partition names: ``PARTITION_PREFIX`` + ``YYYYMMDD`` (UTC day of ``created_at``).

@@ -22,8 +22,11 @@ from contextlib import contextmanager
 
 from django.db import DatabaseError, InterfaceError, connections
 
-from django_idempotency import signals, store
+from django_idempotency import signals
 from django_idempotency.logging import key_hash
+from django_idempotency.store.isolation import stricter_than_read_committed
+from django_idempotency.store.settle import extend
+from django_idempotency.store.values import Claim
 
 logger = logging.getLogger("django_idempotency")
 
@@ -33,7 +36,7 @@ _warned: set[str] = set()
 def available(using: str) -> bool:
     """Whether the automatic heartbeat can run on database ``using`` (see module)."""
     connection = connections[using]
-    return connection.vendor == "postgresql" and not store.stricter_than_read_committed(connection)
+    return connection.vendor == "postgresql" and not stricter_than_read_committed(connection)
 
 
 class Heartbeat:
@@ -44,7 +47,7 @@ class Heartbeat:
         lease: seconds; the lease each beat sets, and three times the beat's period.
     """
 
-    def __init__(self, claim: store.Claim, lease: float) -> None:
+    def __init__(self, claim: Claim, lease: float) -> None:
         self.claim = claim
         self.lease = lease
         self.interval = lease / 3.0
@@ -72,7 +75,7 @@ class Heartbeat:
         try:
             while not self._stop.wait(self.interval):
                 try:
-                    kept = store.extend(self.claim, self.lease)
+                    kept = extend(self.claim, self.lease)
                 except (DatabaseError, InterfaceError) as exc:  # try again next beat
                     logger.warning("heartbeat could not extend the lease: %s", exc, extra=kwargs)
                     connections[self.claim.using].close()
@@ -89,7 +92,7 @@ class Heartbeat:
 
 
 @contextmanager
-def beating(claim: store.Claim, lease: float, enabled: bool) -> Iterator[Heartbeat | None]:
+def beating(claim: Claim, lease: float, enabled: bool) -> Iterator[Heartbeat | None]:
     """Run a :class:`Heartbeat` for ``claim`` inside the block, if ``enabled`` and available."""
     if not enabled:
         yield None

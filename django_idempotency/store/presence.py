@@ -43,11 +43,11 @@ from typing import Any
 from django.db import DatabaseError, OperationalError, connections, transaction
 from django.utils.connection import ConnectionDoesNotExist
 
-from django_idempotency import _pg
-from django_idempotency._pg_partitioned import server_port
-from django_idempotency.claims import Claim, Scope
 from django_idempotency.conf import conf
 from django_idempotency.logging import key_hash
+from django_idempotency.store import sql
+from django_idempotency.store.schema import server_port
+from django_idempotency.store.values import Claim, Scope
 
 logger = logging.getLogger("django_idempotency")
 
@@ -161,7 +161,7 @@ def unlock(using: str, scope: Scope) -> bool:
         return False
     try:
         with connection.cursor() as cursor:
-            cursor.execute(_pg.PG_UNLOCK_SQL, _params(scope))
+            cursor.execute(sql.PG_UNLOCK_SQL, _params(scope))
     except DatabaseError:
         return False
     return True
@@ -345,7 +345,7 @@ def wait_for_owner(using: str, scope: Scope, seconds: float) -> bool:
             with transaction.atomic(using=using), connections[using].cursor() as cursor:
                 # lock_timeout bounds each lock wait on its own: the second gets what is
                 # left of ``seconds``, so the two never add up to more.
-                for statement in (_pg.PG_WAIT_PRESENCE_SQL, _pg.PG_WAIT_ROW_SQL):
+                for statement in (sql.PG_WAIT_PRESENCE_SQL, sql.PG_WAIT_ROW_SQL):
                     left_ms = int((deadline - time.monotonic()) * 1000)
                     if left_ms < 1:
                         return False

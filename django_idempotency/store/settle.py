@@ -1,0 +1,308 @@
+"""Settling a claim: complete, release, advance, suspend, extend (docs/concepts.md).
+
+* :func:`complete`: inside the caller's atomic block, an UPDATE fenced by the owner
+  token. Zero rows means the lease was lost: ``LeaseLost`` is raised so the caller's
+  block, business writes included, rolls back.
+* :func:`release`: delete a claim we own (failure before any effect); :func:`abandon`:
+  give up a claim that never ran.
+* :func:`advance`: a phase finished (recovery point), fenced; :func:`suspend`: end the
+  lease of a phased claim that failed after a phase, so a retry resumes it.
+* :func:`extend`: heartbeat, pushing ``lease_until`` forward; commits at once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from django.db import (
+    DatabaseError,
+    InterfaceError,
+    connections,
+)
+from django.db.models import F
+from django.db.models.functions import Greatest
+
+from django_idempotency.exceptions import HeartbeatUnavailable, LeaseLost
+from django_idempotency.models import IdempotencyRecord, RecordState
+from django_idempotency.store import clock, presence
+from django_idempotency.store.isolation import SERIALIZATION_FAILURE, stricter_than_read_committed
+from django_idempotency.store.rows import now_value, scope_filter, sqlstate_of
+from django_idempotency.store.schema import (
+    FENCED_SQLSTATE,
+    has_completion_function,
+)
+from django_idempotency.store.sql import (
+    PG_COMPLETE_PRUNED_SQL,
+    PG_COMPLETE_PRUNED_UNLOCK_SQL,
+    PG_COMPLETE_SQL,
+    PG_COMPLETE_UNLOCK_SQL,
+    PG_EXTEND_SQL,
+    PG_RELEASE_UNLOCK_SQL,
+    complete_call_sql,
+)
+from django_idempotency.store.values import Claim, StoredResponse, encode_body
+
+logger = logging.getLogger("django_idempotency")
+
+
+def _fenced(claim: Claim) -> Any:
+    return IdempotencyRecord.objects.using(claim.using).filter(
+        pk=claim.record_id, owner_token=claim.owner_token, state=RecordState.CLAIMED
+    )
+
+
+@contextmanager
+def _fenced_errors(claim: Claim) -> Iterator[None]:
+    """Turn a serialization failure of a fenced write into :class:`LeaseLost`.
+
+    At REPEATABLE READ or SERIALIZABLE, PostgreSQL refuses to update a row changed
+    since the transaction's snapshot instead of re-checking the fence: the record was
+    taken over (or its lease ended by an operator) while the view ran.
+    """
+    try:
+        yield
+    except DatabaseError as exc:
+        sqlstate = sqlstate_of(exc)
+        if sqlstate == SERIALIZATION_FAILURE:
+            raise LeaseLost(
+                f"record {claim.record_id}: changed by another request while this one ran"
+            ) from exc
+        if sqlstate == FENCED_SQLSTATE:
+            raise LeaseLost(
+                f"record {claim.record_id}: the lease was lost before completion"
+            ) from exc
+        raise
+
+
+def commits_with_completion(connection: Any) -> bool:
+    """Whether :func:`complete` can send the ``COMMIT`` with the completion, on the wire.
+
+    Asked by the caller of ``complete(..., commit=True)`` after it made sure that the
+    transaction is its own outermost block. ``True`` on PostgreSQL with psycopg 3 and
+    Django's default client-side binding (several statements in one simple query), at
+    READ COMMITTED (neither Django's ``isolation_level`` nor, as claims found out, the
+    server's default above it), once migration 0006 installed
+    ``django_idempotency_complete``. No query is sent (the function's presence is cached
+    per process).
+    """
+    if connection.vendor != "postgresql" or stricter_than_read_committed(connection):
+        return False  # Django's level or, as claims found out, the server's default
+    if connection.settings_dict.get("OPTIONS", {}).get("server_side_binding") is True:
+        return False
+    from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+    return bool(is_psycopg3) and has_completion_function(connection)
+
+
+def complete(claim: Claim, response: StoredResponse, *, commit: bool = False) -> bool:
+    """Mark the claim completed with ``response``, fenced by the owner token.
+
+    Must run inside the atomic block that holds the view's business writes, so the
+    effect and the record commit together. The body is written through
+    :func:`encode_body`: dropped past ``MAX_RESPONSE_BYTES``, else encoded by
+    ``BODY_CODEC``. On PostgreSQL the fenced ``UPDATE`` runs in the server-side function
+    of migration 0006 when it is installed (planned once per session), else as a plain
+    statement.
+
+    Args:
+        claim: the claim this request owns.
+        response: what to store.
+        commit: send the transaction's ``COMMIT`` in the same round trip (the caller
+            checked :func:`commits_with_completion` and that the transaction is its
+            outermost block, whose exit then finds nothing left to commit). A lost
+            lease aborts the transaction before the ``COMMIT`` runs.
+
+    Returns:
+        Whether the transaction was committed here.
+
+    Raises:
+        LeaseLost: no row matched: the lease ran out and another request took the key
+            over. Let it propagate out of the atomic block so everything rolls back.
+        django.db.IntegrityError: with ``commit``, the ``COMMIT`` refused the view's
+            writes (a deferred constraint); the record table has none of its own.
+    """
+    body = encode_body(response.body)
+    if body is None:
+        logger.warning(
+            "response of %d bytes exceeds MAX_RESPONSE_BYTES; stored without its body, "
+            "a replay answers 410",
+            len(response.body),
+            extra={"principal": claim.scope.principal, "endpoint": claim.scope.endpoint},
+        )
+    headers = [list(pair) for pair in response.headers]
+    connection = connections[claim.using]
+    if connection.vendor == "postgresql":
+        params: dict[str, Any] = {
+            "status": response.status,
+            "headers": json.dumps(headers),
+            "body": body,
+            "id": claim.record_id,
+            "token": claim.owner_token,
+            "grace": claim.lease,
+            "clock_offset": clock.offset(),
+            # The partition key: one day partition planned and touched, not all.
+            "sweep_after": claim.sweep_after,
+        }
+        unlock = claim.present and presence.holds(claim)  # the lock goes in the statement
+        if unlock:
+            params.update(scope_filter(claim.scope))
+        if commit or has_completion_function(connection):
+            try:
+                with _fenced_errors(claim), connection.cursor() as cursor:
+                    cursor.execute(complete_call_sql(unlock=unlock, commit=commit), params)
+            except LeaseLost as lost:
+                if unlock and sqlstate_of(lost.__cause__) == FENCED_SQLSTATE:
+                    presence.dropped(claim)  # the function released the lock, then raised
+                raise
+            if unlock:
+                presence.dropped(claim)
+            return commit
+        pruned = claim.sweep_after is not None
+        if unlock:
+            with _fenced_errors(claim), connection.cursor() as cursor:
+                cursor.execute(
+                    PG_COMPLETE_PRUNED_UNLOCK_SQL if pruned else PG_COMPLETE_UNLOCK_SQL, params
+                )
+                updated = cursor.fetchone()[0]
+            presence.dropped(claim)
+        else:
+            with _fenced_errors(claim), connection.cursor() as cursor:
+                cursor.execute(PG_COMPLETE_PRUNED_SQL if pruned else PG_COMPLETE_SQL, params)
+                updated = cursor.rowcount
+    else:
+        now = now_value(claim.using)
+        updated = _fenced(claim).update(
+            state=RecordState.COMPLETED,
+            response_status=response.status,
+            response_headers=headers,
+            response_body=body,
+            completed_at=now,
+            lease_until=now,
+            expires_at=Greatest(F("expires_at"), now_value(claim.using, claim.lease)),
+        )
+    if updated != 1:
+        raise LeaseLost(f"record {claim.record_id}: the lease was lost before completion")
+    return False
+
+
+def release(claim: Claim) -> bool:
+    """Delete the claim if this request still owns it and no phase of it committed.
+
+    Returns whether a row went. A record with a recovery point is never deleted: one
+    of its phases committed (even if this request never heard the COMMIT succeed), so
+    its lease runs out instead and a retry resumes after that phase.
+    """
+    # One fenced DELETE. ``.delete()`` would collect the rows first (outbox messages
+    # point here with SET_NULL) and then delete by primary key alone, unfenced.
+    connection = connections[claim.using]
+    if claim.present and presence.holds(claim) and not connection.in_atomic_block:
+        params: dict[str, Any] = {
+            "id": claim.record_id,
+            "token": claim.owner_token,
+            **scope_filter(claim.scope),
+        }
+        with connection.cursor() as cursor:  # the presence lock goes in the same statement
+            cursor.execute(PG_RELEASE_UNLOCK_SQL, params)
+            deleted = cursor.fetchone()[0]
+        presence.dropped(claim)
+        return bool(deleted)
+    return bool(_fenced(claim).filter(recovery_point="")._raw_delete(claim.using))
+
+
+def abandon(claim: Claim) -> None:
+    """Give ``claim`` up before anything ran under it (a ``claimed`` receiver raised).
+
+    Nothing was done, so the key is released (the record deleted) and a retry runs at
+    once, on every backend; a taken-over claim whose earlier attempt finished a phase
+    keeps its recovery point and its lease ends now instead (:func:`suspend`), so a
+    retry resumes it. Its presence lock is released either way. A store failure here is
+    logged, never raised: the caller re-raises what made it give up.
+    """
+    try:
+        if claim.recovery_point:
+            suspend(claim)
+        else:
+            release(claim)
+    except (DatabaseError, InterfaceError) as exc:  # the lease runs out instead
+        logger.error(
+            "could not give up an idempotency claim: %s",
+            exc,
+            extra={"principal": claim.scope.principal, "endpoint": claim.scope.endpoint},
+        )
+    finally:
+        presence.ensure_released(claim)
+
+
+def advance(claim: Claim, recovery_point: str) -> None:
+    """Record that phase ``recovery_point`` finished, fenced by the owner token (docs/phases.md).
+
+    Must run inside the phase's atomic block, so the phase's writes and the new
+    recovery point commit together.
+
+    Raises:
+        LeaseLost: another request took the key over; let it roll the phase back.
+    """
+    with _fenced_errors(claim):
+        updated = _fenced(claim).update(recovery_point=recovery_point)
+    if updated != 1:
+        raise LeaseLost(f"record {claim.record_id}: the lease was lost before {recovery_point!r}")
+
+
+def suspend(claim: Claim) -> bool:
+    """End the lease now, keeping the claim and its recovery point (fenced).
+
+    For a phased request that failed after a phase committed: its effects exist, so
+    the key is not released; the client's retry takes the claim over at once and
+    resumes after the recovery point. Returns whether the claim was still ours.
+    """
+    return bool(_fenced(claim).update(lease_until=now_value(claim.using)))
+
+
+def extend(claim: Claim, seconds: float) -> bool:
+    """Heartbeat: make the lease end ``seconds`` from now, if the claim is still ours.
+
+    Commits at once, even inside the view's atomic block: on PostgreSQL it then uses a
+    second, short-lived connection, so other requests see the new lease without
+    waiting for the view's transaction. (SQLite has one writer per database, so there
+    the update joins the current transaction.)
+
+    Returns:
+        ``False`` when the claim was lost (taken over): the caller should stop.
+
+    Raises:
+        HeartbeatUnavailable: the database runs above READ COMMITTED (see there).
+    """
+    connection = connections[claim.using]
+    if connection.vendor != "postgresql":
+        until = now_value(claim.using, seconds)
+        return bool(
+            _fenced(claim).update(lease_until=until, expires_at=Greatest(F("expires_at"), until))
+        )
+    params: dict[str, Any] = {
+        "id": claim.record_id,
+        "token": claim.owner_token,
+        "seconds": seconds,
+        "clock_offset": clock.offset(),
+    }
+    # A committed claim is extended from a second connection when the view's
+    # transaction is open; an uncommitted one only exists in this connection.
+    side = connection.in_atomic_block and claim.committed
+    if side and stricter_than_read_committed(connection):
+        raise HeartbeatUnavailable(
+            f"extend_lease() cannot work on database {claim.using!r}: its isolation level "
+            "is above READ COMMITTED, so a heartbeat committed beside this request's "
+            "transaction would make the request's own completion fail. Give this view a "
+            "lease longer than its longest run, or use READ COMMITTED for this database."
+        )
+    target = connection.copy() if side else connection
+    try:
+        with target.cursor() as cursor:
+            cursor.execute(PG_EXTEND_SQL, params)
+            return bool(cursor.rowcount == 1)
+    finally:
+        if target is not connection:
+            target.close()
