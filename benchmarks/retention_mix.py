@@ -65,8 +65,8 @@ def main() -> None:
     from django.db import connection, transaction
 
     from django_idempotency import retention, store, testing
-    from django_idempotency.store.schema import forget
     from django_idempotency.models import IdempotencyRecord
+    from django_idempotency.store.schema import forget
 
     call_command("migrate", "django_idempotency", "zero", verbosity=0)
     call_command("migrate", verbosity=0)

@@ -81,10 +81,9 @@ def main() -> int:
 def run(args: argparse.Namespace) -> None:
     from django.db import connection, transaction
 
-    from django_idempotency.store import sql
     from django_idempotency import store
+    from django_idempotency.store import Scope, StoredResponse, sql
     from django_idempotency.store.schema import PG_PARTITIONED_CLAIM_SQL
-    from django_idempotency.store import Scope, StoredResponse
 
     cursor = connection.cursor()
     cursor.execute("SELECT pg_backend_pid()")

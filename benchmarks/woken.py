@@ -60,9 +60,10 @@ def measure(runs: int, presence_on: bool) -> list[float]:
     """Milliseconds from the owner's COMMIT to the duplicate's replay, per run."""
     from django.test import override_settings
 
+    from django_idempotency import store
+    from django_idempotency.protocol import decide, decisions
+    from django_idempotency.protocol.options import Options
     from django_idempotency.store import presence
-    from django_idempotency import protocol, store
-    from django_idempotency.options import Options
 
     options = Options.from_kwargs(wait=10)
     response = store.StoredResponse(201, [("Content-Type", "application/json")], b"{}")
@@ -80,10 +81,10 @@ def measure(runs: int, presence_on: bool) -> list[float]:
             thread.start()
             assert claimed.wait(30)
             waiting.set()
-            decision = protocol._claim(scope, FP, options, "default", may_run=True)
+            decision = decide.decide(scope, FP, options, "default", may_run=True)
             replayed = time.perf_counter()
             thread.join(30)
-            assert isinstance(decision, protocol.Respond), decision
+            assert isinstance(decision, decisions.Respond), decision
             assert decision.response.status_code == 201
             latencies.append((replayed - committed[0]) * 1000)
             assert presence.waiters.count == 0

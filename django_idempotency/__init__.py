@@ -33,20 +33,20 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from django_idempotency.context import IdempotencyContext, current
-    from django_idempotency.decorators import idempotent
-    from django_idempotency.drf import IdempotentMixin, ReplayNegotiation
-    from django_idempotency.phases import derive_key
+    from django_idempotency.protocol.context import IdempotencyContext, current
+    from django_idempotency.protocol.decorators import idempotent
+    from django_idempotency.protocol.drf import IdempotentMixin, ReplayNegotiation
+    from django_idempotency.protocol.phases import derive_key
 
 #: Where each public name is defined, imported on first use so that importing the
 #: package (from settings, say) never pulls in models or DRF before Django is ready.
 _HOMES = {
-    "IdempotencyContext": ".context",
-    "IdempotentMixin": ".drf",
-    "ReplayNegotiation": ".drf",
-    "current": ".context",
-    "derive_key": ".phases",
-    "idempotent": ".decorators",
+    "IdempotencyContext": "django_idempotency.protocol.context",
+    "IdempotentMixin": "django_idempotency.protocol.drf",
+    "ReplayNegotiation": "django_idempotency.protocol.drf",
+    "current": "django_idempotency.protocol.context",
+    "derive_key": "django_idempotency.protocol.phases",
+    "idempotent": "django_idempotency.protocol.decorators",
 }
 
 
@@ -54,7 +54,7 @@ def __getattr__(name: str) -> Any:
     home = _HOMES.get(name)
     if home is None:
         raise AttributeError(f"module 'django_idempotency' has no attribute {name!r}")
-    return getattr(import_module(home, __name__), name)
+    return getattr(import_module(home), name)
 
 
 def __dir__() -> list[str]:

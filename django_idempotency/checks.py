@@ -14,7 +14,7 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 
 from django_idempotency.conf import DEFAULTS, conf
-from django_idempotency.responses import FORBIDDEN_HEADERS
+from django_idempotency.protocol.responses import FORBIDDEN_HEADERS
 
 
 @register()

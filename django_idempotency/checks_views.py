@@ -18,7 +18,7 @@ from django.db import transaction
 from django.urls import URLPattern, URLResolver, get_resolver
 
 from django_idempotency.conf import conf
-from django_idempotency.decorators import DECORATED, is_idempotent_layer
+from django_idempotency.protocol.decorators import DECORATED, is_idempotent_layer
 
 
 def _label(obj: Any) -> str:
@@ -443,7 +443,7 @@ def _machinery(view_class: type) -> set[str]:
 
 def _misplaced(view_class: type) -> Iterator[tuple[str, str]]:
     """(message, hint) for each way ``view_class``'s idempotency cannot work as built."""
-    from django_idempotency.drf import shadowing
+    from django_idempotency.protocol.drf import shadowing
 
     for name in sorted(_machinery(view_class)):
         if not hasattr(getattr(view_class, name, None), "_idempotency_options"):

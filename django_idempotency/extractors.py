@@ -24,12 +24,11 @@ from typing import Any
 
 from django.http.request import RawPostDataException
 
-from django_idempotency.keys import InvalidKey
+from django_idempotency.exceptions import InvalidKey
 
 KeyExtractor = Callable[[Any], "str | None"]
 
 __all__ = [
-    "InvalidKey",
     "KeyExtractor",
     "body_field",
     "check_key",

@@ -32,9 +32,8 @@ from typing import Any
 
 from django.db import IntegrityError, connections, transaction
 
-from django_idempotency import context
 from django_idempotency.conf import conf
-from django_idempotency.exceptions import NotInTransaction as NotInTransaction
+from django_idempotency.exceptions import NotInTransaction
 from django_idempotency.handlers import (
     HANDLER_MODULE,
     Handler,
@@ -45,13 +44,13 @@ from django_idempotency.handlers import (
     unregister,
 )
 from django_idempotency.models import OutboxMessage, OutboxState
+from django_idempotency.protocol import context
 from django_idempotency.store import clock
 from django_idempotency.store.sql import pg_now
 
 __all__ = [
     "HANDLER_MODULE",
     "Handler",
-    "NotInTransaction",
     "autodiscover",
     "database_for_write",
     "enqueue",

@@ -18,7 +18,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from django_idempotency import IdempotentMixin, idempotent
-from django_idempotency.drf import ReplayNegotiation
+from django_idempotency.protocol.drf import ReplayNegotiation
 from tests.testapp.gates import GATES
 from tests.testapp.models import Widget
 

@@ -26,8 +26,8 @@ from django.db import connection, transaction
 
 from django_idempotency import exceptions, store, transactions
 from django_idempotency.models import IdempotencyRecord
-from django_idempotency.store import isolation as store_isolation
 from django_idempotency.store import claims as store_claims
+from django_idempotency.store import isolation as store_isolation
 from django_idempotency.store import rows as store_rows
 from django_idempotency.store import schema
 from tests.concurrency import token_client

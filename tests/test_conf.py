@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.test import override_settings
 
 from django_idempotency.conf import DEFAULTS, conf
-from django_idempotency.options import Options
+from django_idempotency.protocol.options import Options
 
 
 def test_defaults():

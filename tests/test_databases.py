@@ -32,10 +32,11 @@ from django_idempotency.checks_databases import (
     check_record_placement,
     check_view_databases,
 )
-from django_idempotency.decorators import idempotent
+from django_idempotency.exceptions import CrossDatabaseWrite
 from django_idempotency.models import IdempotencyRecord, OutboxMessage, OutboxState
+from django_idempotency.protocol.decorators import idempotent
 from django_idempotency.store.routing import all_databases
-from django_idempotency.write_guard import CrossDatabaseWrite, writes
+from django_idempotency.transactions.write_guard import writes
 from tests.concurrency import Runner
 from tests.testapp.models import Widget
 

@@ -109,7 +109,7 @@ def test_principal_resolvers(alice):
     ],
 )
 def test_endpoint_routes_are_normalised(route, expected):
-    from django_idempotency.protocol import normalise_route
+    from django_idempotency.protocol.begin import normalise_route
 
     assert normalise_route(route) == expected
 
@@ -175,7 +175,7 @@ from rest_framework.decorators import action  # noqa: E402
 from rest_framework.test import APIRequestFactory, force_authenticate  # noqa: E402
 
 from django_idempotency import IdempotentMixin  # noqa: E402
-from django_idempotency.drf import overridden_methods  # noqa: E402
+from django_idempotency.protocol.drf import overridden_methods  # noqa: E402
 
 OVERRIDDEN = ("get_content_negotiator", "as_view", "initial")
 

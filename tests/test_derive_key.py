@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from django_idempotency.phases import derive_key
+from django_idempotency.protocol.phases import derive_key
 
 FORMAT = re.compile(r"^idk_[0-9a-f]{32}$")
 
@@ -42,7 +42,7 @@ def test_pinned_value():
 
 def test_same_value_in_another_process():
     code = (
-        "from django_idempotency.phases import derive_key;"
+        "from django_idempotency import derive_key;"
         "print(derive_key('auth.user:42', 'POST /v1/workers', 'k', 'boot'))"
     )
     out = subprocess.run(

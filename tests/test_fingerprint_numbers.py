@@ -32,8 +32,9 @@ from rest_framework.parsers import BaseParser, JSONParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from django_idempotency import exact_json, idempotent
-from django_idempotency.fingerprint import _body_parts, canonical_json, compute
+from django_idempotency import idempotent
+from django_idempotency.protocol import exact_json
+from django_idempotency.protocol.fingerprint import _body_parts, canonical_json, compute
 
 rf = RequestFactory()
 

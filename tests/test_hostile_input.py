@@ -28,8 +28,8 @@ from django.test.testcases import LiveServerThread
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from django_idempotency import problems
 from django_idempotency.models import IdempotencyRecord, RecordState
+from django_idempotency.protocol import problems
 from tests.conftest import client_for
 from tests.factories import TokenFactory
 from tests.testapp.models import Widget

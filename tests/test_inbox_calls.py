@@ -17,18 +17,10 @@ import pytest
 from django.db import connections, transaction
 from django.test import override_settings
 
-from django_idempotency import (
-    context,
-    exceptions,
-    inbox,
-    outbox,
-    retention,
-    signals,
-    store,
-    testing,
-)
-from django_idempotency.extractors import InvalidKey
+from django_idempotency import exceptions, inbox, outbox, retention, signals, store, testing
+from django_idempotency.exceptions import InvalidKey
 from django_idempotency.models import IdempotencyRecord, OutboxMessage, RecordState
+from django_idempotency.protocol import context
 from tests.testapp.models import Widget
 
 pytestmark = pytest.mark.django_db(transaction=True)

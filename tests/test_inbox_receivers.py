@@ -97,7 +97,7 @@ def test_a_drf_redelivery_asking_for_an_unrenderable_type_gets_the_stored_respon
 ):
     import rest_framework
 
-    from django_idempotency.drf import ReplayNegotiation
+    from django_idempotency.protocol.drf import ReplayNegotiation
     from tests import webhook_app
 
     if tuple(int(part) for part in rest_framework.VERSION.split(".")[:2]) < (3, 17):

@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from django_idempotency.keys import InvalidKey, parse_key
+from django_idempotency.exceptions import InvalidKey
+from django_idempotency.protocol.keys import parse_key
 
 
 @pytest.mark.parametrize(

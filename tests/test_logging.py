@@ -121,8 +121,9 @@ def test_a_takeover_says_whether_the_lease_expired_or_an_operator_ended_it(caplo
     ``lease`` after the lease ran out by itself. Never "expired" for a lease an operator
     ended."""
     from django_idempotency import store, testing
-    from django_idempotency.options import Options
-    from django_idempotency.protocol import Proceed, _claim
+    from django_idempotency.protocol.decide import decide as _claim
+    from django_idempotency.protocol.decisions import Proceed
+    from django_idempotency.protocol.options import Options
     from django_idempotency.store import operators
 
     caplog.set_level(logging.WARNING, logger=LOGGER)

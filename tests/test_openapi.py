@@ -225,7 +225,8 @@ def test_extend_schema_and_mixin_options_merge():
 def test_package_import_does_not_import_optional_dependencies():
     code = (
         "import sys, django; django.setup();"
-        "import django_idempotency, django_idempotency.decorators, django_idempotency.drf,"
+        "import django_idempotency, django_idempotency.protocol.decorators,"
+        " django_idempotency.protocol.drf,"
         " django_idempotency.metrics, django_idempotency.checks, django_idempotency.admin;"
         "bad = {'drf_spectacular', 'prometheus_client'} & set(sys.modules);"
         "assert not bad, bad"

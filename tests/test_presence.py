@@ -168,8 +168,8 @@ def test_a_killed_owner_is_taken_over_at_once(record_table, owners):
 
 @pg_only
 def test_the_presence_takeover_is_signalled_and_counted_apart(record_table, owners):
-    from django_idempotency.options import Options
-    from django_idempotency.protocol import _claim as protocol_claim
+    from django_idempotency.protocol.decide import decide as protocol_claim
+    from django_idempotency.protocol.options import Options
 
     scope = _scope()
     owner = Owner(scope, lease=300)
@@ -550,8 +550,8 @@ def test_a_presence_takeover_is_logged_as_one(record_table, owners, caplog):
     """The ``taken_over`` line of a takeover by owner presence says so (``cause`` =
     ``presence``: the earlier owner's database session ended while its lease was live),
     never that a lease expired: none had."""
-    from django_idempotency.options import Options
-    from django_idempotency.protocol import _claim as protocol_claim
+    from django_idempotency.protocol.decide import decide as protocol_claim
+    from django_idempotency.protocol.options import Options
 
     if not _direct():
         pytest.skip("behind a pooler the lease decides")
@@ -572,8 +572,8 @@ def _fingerprint_of_post(path: str, body: dict[str, Any]) -> str:
     """The fingerprint of ``POST path`` with JSON ``body``, as a view computes it."""
     from rest_framework.test import APIRequestFactory
 
-    from django_idempotency import fingerprint
-    from django_idempotency.options import Options
+    from django_idempotency.protocol import fingerprint
+    from django_idempotency.protocol.options import Options
 
     options = Options()
     return fingerprint.compute(

@@ -9,8 +9,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from django_idempotency import problems
 from django_idempotency.conf import conf
+from django_idempotency.protocol import problems
 
 pytestmark = pytest.mark.django_db
 

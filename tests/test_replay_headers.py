@@ -9,7 +9,7 @@ import pytest
 from django.test import override_settings
 
 from django_idempotency.models import IdempotencyRecord
-from django_idempotency.responses import HeaderPolicy, build, is_forbidden
+from django_idempotency.protocol.responses import HeaderPolicy, build, is_forbidden
 from django_idempotency.store import StoredResponse
 from tests.replay_app import DESCRIBING, PER_EXCHANGE
 from tests.testapp.models import Widget

@@ -37,7 +37,7 @@ def _documented_setup(way: str, monkeypatch: pytest.MonkeyPatch) -> None:
     what that setting gives the view's class; other ways, and newer DRF, need nothing."""
     import rest_framework
 
-    from django_idempotency.drf import ReplayNegotiation
+    from django_idempotency.protocol.drf import ReplayNegotiation
     from tests import replay_app
 
     version = tuple(int(part) for part in rest_framework.VERSION.split(".")[:2])

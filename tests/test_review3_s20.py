@@ -24,8 +24,8 @@ import pytest
 from django.db import DatabaseError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from django_idempotency import savepoints
 from django_idempotency.models import IdempotencyRecord
+from django_idempotency.transactions import savepoints
 from tests.concurrency import token_client
 from tests.factories import TokenFactory
 from tests.faults import admin_connection

@@ -17,8 +17,8 @@ import pytest
 from django.db import DatabaseError, connection, connections, transaction
 from psycopg import sql as pgsql
 
-from django_idempotency import savepoints
 from django_idempotency.models import IdempotencyRecord
+from django_idempotency.transactions import savepoints
 from tests.faults import admin_connection, terminate
 from tests.pgbouncer import pgbouncer_port
 from tests.test_review3_s20 import (  # noqa: F401  (the autouse fixtures)

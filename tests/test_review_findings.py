@@ -22,11 +22,12 @@ from django.test import Client
 from django.urls import path
 
 from django_idempotency import exceptions, signals, store
-from django_idempotency.decorators import idempotent
+from django_idempotency.exceptions import CrossDatabaseWrite
 from django_idempotency.inbox import once
 from django_idempotency.models import IdempotencyRecord, RecordState
+from django_idempotency.protocol.decorators import idempotent
 from django_idempotency.store import clock, presence
-from django_idempotency.write_guard import CrossDatabaseWrite, writes
+from django_idempotency.transactions.write_guard import writes
 from tests.concurrency import Runner
 from tests.testapp.models import Widget
 

@@ -35,7 +35,7 @@ def test_a_key_reused_after_its_retention_window_gets_its_own_outbox_message():
 def test_the_default_outbox_keys_of_two_phase_topic_pairs_never_collide():
     scope = store.Scope("auth.user:1", "POST /x", "k")
     won = store.claim(scope, "f" * 64, lease=30, retention=60)
-    from django_idempotency.context import IdempotencyContext
+    from django_idempotency.protocol.context import IdempotencyContext
 
     context = IdempotencyContext(won, lease=30, phases=("a:b", "a"))
     context.open_phase = "a:b"

@@ -17,8 +17,9 @@ from django.test import Client
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 
-from django_idempotency import idempotent, savepoints
+from django_idempotency import idempotent
 from django_idempotency.models import IdempotencyRecord
+from django_idempotency.transactions import savepoints
 from tests.concurrency import token_client
 from tests.factories import TokenFactory
 from tests.faults import admin_connection

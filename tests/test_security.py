@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from django_idempotency.models import IdempotencyRecord, RecordState
 from django_idempotency.principals import auth_token_principal
-from django_idempotency.protocol import _fit
+from django_idempotency.protocol.begin import fit as _fit
 from tests.conftest import client_for
 from tests.factories import TokenFactory
 from tests.faults import RouteTo, extra_alias, unreachable

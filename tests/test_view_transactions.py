@@ -15,8 +15,8 @@ from django.test import Client, TestCase
 from rest_framework.authtoken.models import Token
 
 from django_idempotency import signals, transactions
+from django_idempotency.exceptions import OuterTransactionWarning
 from django_idempotency.models import IdempotencyRecord
-from django_idempotency.transactions import OuterTransactionWarning
 from tests.concurrency import Runner, token_client
 from tests.factories import TokenFactory, UserFactory
 from tests.faults import wait_for

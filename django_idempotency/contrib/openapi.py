@@ -25,12 +25,12 @@ from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.plumbing import ResolvedComponent
 from drf_spectacular.utils import OpenApiParameter
 
-from django_idempotency import problems
 from django_idempotency.conf import conf
-from django_idempotency.drf import options_for
-from django_idempotency.keys import HEADER
-from django_idempotency.options import Options
-from django_idempotency.responses import REPLAYED_HEADER
+from django_idempotency.protocol import problems
+from django_idempotency.protocol.drf import options_for
+from django_idempotency.protocol.keys import HEADER
+from django_idempotency.protocol.options import Options
+from django_idempotency.protocol.responses import REPLAYED_HEADER
 
 __all__ = [
     "EXTENSION",

@@ -18,13 +18,14 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError, InterfaceError, transaction
 
-from django_idempotency import exceptions, extractors, signals, store, transactions, write_guard
+from django_idempotency import exceptions, extractors, signals, store, transactions
 from django_idempotency.conf import conf
-from django_idempotency.context import IdempotencyContext, running
 from django_idempotency.exceptions import InFlight, KeyReused, UnstorableResult
 from django_idempotency.logging import key_hash
-from django_idempotency.protocol import _fit
+from django_idempotency.protocol.begin import fit
+from django_idempotency.protocol.context import IdempotencyContext, running
 from django_idempotency.store import presence
+from django_idempotency.transactions import write_guard
 
 logger = logging.getLogger("django_idempotency")
 
@@ -184,7 +185,7 @@ def once(
         raise exceptions.InvalidKey("once() needs a principal: a non-empty string")
     if not endpoint or not isinstance(endpoint, str):
         raise exceptions.InvalidKey("once() needs an endpoint: a non-empty string")
-    scope = store.Scope(_fit(principal), _fit(endpoint), key)
+    scope = store.Scope(fit(principal), fit(endpoint), key)
     fp = payload_fingerprint(payload)
     lease = conf.lease if lease is None else float(lease)
     retention = conf.retention if retention is None else float(retention)

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from django_idempotency.conf import conf
-from django_idempotency.keys import HEADER
+from django_idempotency.protocol.keys import HEADER
 
 #: What a test client's ``client_factory`` returns: Django's ``Client`` or DRF's
 #: ``APIClient`` (anything with ``post``, ``put``, ``patch``, ``delete`` methods).

@@ -9,15 +9,15 @@ from typing import Any, TypeVar, overload
 
 from asgiref.sync import async_to_sync, sync_to_async
 
-from django_idempotency.glue import (
+from django_idempotency.protocol.begin import SAFE_METHODS
+from django_idempotency.protocol.handle import (
     atomic_requests_blocks,
     find_request,
     make_finalizer,
     mark_non_atomic,
     run,
 )
-from django_idempotency.options import Options
-from django_idempotency.protocol import SAFE_METHODS
+from django_idempotency.protocol.options import Options
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -41,7 +41,7 @@ def _wrap_api_view(view: Any, decorate: Callable[[Any], Any]) -> Any:
     permissions and throttling; the view as a whole is exempted from
     ``ATOMIC_REQUESTS`` so its claims commit on their own.
     """
-    from django_idempotency.drf import _closure_options, replay_negotiation
+    from django_idempotency.protocol.drf import _closure_options, replay_negotiation
 
     view_class = view.cls
     if "WrappedAPIView" not in view_class.__qualname__:
@@ -216,7 +216,7 @@ def idempotent(view: F | None = None, /, **options: Any) -> F | Callable[[F], F]
 
             wrapper = _sync_wrapper
             # For @api_view above this decorator (DRF 3.17+ reads the attribute).
-            from django_idempotency.drf import function_negotiation
+            from django_idempotency.protocol.drf import function_negotiation
 
             wrapper.content_negotiation_class = function_negotiation(func)
         wrapper._idempotency_options = opts

@@ -14,16 +14,16 @@ from rest_framework.negotiation import BaseContentNegotiation, DefaultContentNeg
 from rest_framework.renderers import BaseRenderer
 from rest_framework.request import Request
 
-from django_idempotency.glue import (
+from django_idempotency.protocol.begin import SAFE_METHODS
+from django_idempotency.protocol.handle import (
     NOT_ACCEPTABLE,
     atomic_requests_blocks,
     make_finalizer,
     mark_non_atomic,
     run,
 )
-from django_idempotency.keys import HEADER
-from django_idempotency.options import Options
-from django_idempotency.protocol import SAFE_METHODS
+from django_idempotency.protocol.keys import HEADER
+from django_idempotency.protocol.options import Options
 
 
 def _closure_options(handler: Any) -> Options | None:

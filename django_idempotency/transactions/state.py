@@ -24,7 +24,7 @@ from typing import Any
 
 from django.db import connections, transaction
 
-from django_idempotency.exceptions import OuterTransactionWarning as OuterTransactionWarning
+from django_idempotency.exceptions import OuterTransactionWarning
 
 logger = logging.getLogger("django_idempotency")
 

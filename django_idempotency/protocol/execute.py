@@ -23,23 +23,16 @@ from typing import Any
 from django.db import DatabaseError, IntegrityError, InterfaceError, connections
 from django.http.response import HttpResponseBase
 
-from django_idempotency import (
-    exceptions,
-    phases,
-    problems,
-    savepoints,
-    signals,
-    store,
-    transactions,
-    write_guard,
-)
+from django_idempotency import exceptions, signals, store, transactions
 from django_idempotency.conf import conf
-from django_idempotency.context import IdempotencyContext, UnprotectedContext
 from django_idempotency.logging import key_hash
-from django_idempotency.options import Options
-from django_idempotency.protocol import Proceed
-from django_idempotency.responses import rebuild_consumed, snapshot
+from django_idempotency.protocol import phases, problems
+from django_idempotency.protocol.context import IdempotencyContext, UnprotectedContext
+from django_idempotency.protocol.decisions import Proceed
+from django_idempotency.protocol.options import Options
+from django_idempotency.protocol.responses import rebuild_consumed, snapshot
 from django_idempotency.store import heartbeat, presence
+from django_idempotency.transactions import savepoints, write_guard
 
 logger = logging.getLogger("django_idempotency")
 

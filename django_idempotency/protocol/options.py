@@ -7,8 +7,8 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from django_idempotency.conf import conf, resolve_callable
-from django_idempotency.phases import validate_phases
-from django_idempotency.responses import FORBIDDEN_HEADERS
+from django_idempotency.protocol.phases import validate_phases
+from django_idempotency.protocol.responses import FORBIDDEN_HEADERS
 
 PrincipalResolver = Callable[[Any], "str | None"]
 KeyExtractor = Callable[[Any], "str | None"]

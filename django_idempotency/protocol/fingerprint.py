@@ -67,7 +67,7 @@ from django.http import HttpRequest, QueryDict
 from django.http.request import RawPostDataException
 from django.utils.datastructures import MultiValueDict
 
-from django_idempotency import exact_json
+from django_idempotency.protocol import exact_json
 
 VERSION = b"fp1"
 _FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")

@@ -15,9 +15,11 @@ from django.db import connections, transaction
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 
-from django_idempotency import execution, protocol
-from django_idempotency.context import UnprotectedContext
-from django_idempotency.options import Options
+from django_idempotency.protocol import execute
+from django_idempotency.protocol.begin import begin
+from django_idempotency.protocol.context import UnprotectedContext
+from django_idempotency.protocol.decisions import Bypass, CannotRun, Nested, Proceed, Respond
+from django_idempotency.protocol.options import Options
 from django_idempotency.store import presence
 
 #: Attribute of a DRF request holding the ``NotAcceptable`` that replay-aware content
@@ -123,31 +125,29 @@ def _run(
     finalize: Callable[[HttpResponseBase], HttpResponseBase],
 ) -> HttpResponseBase:
     not_acceptable = getattr(request, NOT_ACCEPTABLE, None)
-    decision = protocol.begin(request, options, view_name=view_name, may_run=not_acceptable is None)
-    if isinstance(decision, protocol.Respond):
+    decision = begin(request, options, view_name=view_name, may_run=not_acceptable is None)
+    if isinstance(decision, Respond):
         return decision.response
-    if not_acceptable is not None and isinstance(
-        decision, (protocol.CannotRun, protocol.Bypass, protocol.Nested)
-    ):
+    if not_acceptable is not None and isinstance(decision, (CannotRun, Bypass, Nested)):
         raise not_acceptable  # the view would have to run: DRF's 406
-    if isinstance(decision, protocol.Nested):
+    if isinstance(decision, Nested):
         # Called by the running view with the same scope: part of its execution, in its
         # transaction; that view renders, stores or releases what this one returns.
-        execution.attach(request, decision.context)
+        execute.attach(request, decision.context)
         return call()
-    if isinstance(decision, protocol.Bypass):
+    if isinstance(decision, Bypass):
         # A phased view without a key (key optional) runs its phases unprotected.
         unprotected = None
         if options.phases:
             unprotected = UnprotectedContext(options.phases, options.get_using(request))
-        execution.attach(request, unprotected)
+        execute.attach(request, unprotected)
         with atomic_requests_blocks():
             return call()
-    assert isinstance(decision, protocol.Proceed)  # CannotRun only when may_run is False
+    assert isinstance(decision, Proceed)  # CannotRun only when may_run is False
     # Other databases with ATOMIC_REQUESTS keep their per-request transaction; the
     # record's database gets the view's own block, opened after the claim committed.
     try:
         with atomic_requests_blocks(exclude=decision.claim.using):
-            return execution.execute(decision, request, call, finalize)
+            return execute.execute(decision, request, call, finalize)
     finally:  # also when a block could not be opened and the view never ran
         presence.ensure_released(decision.claim)

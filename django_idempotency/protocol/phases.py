@@ -24,12 +24,12 @@ from django.db import DatabaseError, InterfaceError, transaction
 from django.http.response import HttpResponseBase
 
 from django_idempotency import exceptions
-from django_idempotency.exceptions import PhaseError as PhaseError
+from django_idempotency.exceptions import PhaseError
 
 if TYPE_CHECKING:
     from django_idempotency import store
-    from django_idempotency.context import IdempotencyContext
-    from django_idempotency.options import Options
+    from django_idempotency.protocol.context import IdempotencyContext
+    from django_idempotency.protocol.options import Options
 
 # ``store`` and ``responses`` (models) are imported inside the functions that use them:
 # ``derive_key`` and ``validate_phases`` are pure and importable before Django is set
@@ -212,7 +212,7 @@ def execute(
         Whatever the view raised, after the claim was released or suspended.
     """
     from django_idempotency import store
-    from django_idempotency.responses import rebuild_consumed, snapshot
+    from django_idempotency.protocol.responses import rebuild_consumed, snapshot
 
     claim = context.claim
     try:

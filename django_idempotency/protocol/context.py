@@ -11,8 +11,8 @@ from typing import Any
 
 from django.db import transaction
 
-from django_idempotency import phases as _phases
 from django_idempotency import store
+from django_idempotency.protocol import phases as _phases
 
 _current: ContextVar[IdempotencyContext | None] = ContextVar(
     "django_idempotency_context", default=None

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import http_sfv
 
-from django_idempotency.exceptions import InvalidKey as InvalidKey
+from django_idempotency.exceptions import InvalidKey
 
 HEADER = "Idempotency-Key"
 

@@ -34,7 +34,7 @@ from django.db import connections
 from sqlparse.tokens import Comment, Literal, Number
 
 from django_idempotency.conf import conf
-from django_idempotency.exceptions import CrossDatabaseWrite as CrossDatabaseWrite
+from django_idempotency.exceptions import CrossDatabaseWrite
 
 logger = logging.getLogger("django_idempotency")
 

@@ -1,0 +1,177 @@
+"""The claim, and what to answer when the key is taken (docs/protocol.md).
+
+:func:`decide` claims the scope in the store and turns the outcome into a decision:
+:class:`~django_idempotency.protocol.decisions.Proceed` when the request owns the key;
+a replay of the stored response; 422 when the key was used for another request; 409
+(with ``Retry-After``) while the first request is in flight, after waiting up to the
+view's ``wait``, woken by the owner's completion where owner presence allows; 503 when
+the store fails (fail closed: the view never runs without a claim).
+"""
+
+from __future__ import annotations
+
+import time
+
+from django.db import DatabaseError, InterfaceError
+from django.http.response import HttpResponseBase
+
+from django_idempotency import signals, store
+from django_idempotency.conf import conf
+from django_idempotency.logging import key_hash
+from django_idempotency.protocol import problems
+from django_idempotency.protocol.decisions import CANNOT_RUN, CannotRun, Proceed, Respond, problem
+from django_idempotency.protocol.keys import HEADER
+from django_idempotency.protocol.options import Options
+from django_idempotency.protocol.responses import REPLAYED_HEADER, HeaderPolicy, build
+from django_idempotency.store import operators, presence
+
+
+def key_name(options: Options) -> str:
+    """What the client calls the key, for messages: the header, or the view's own key."""
+    return HEADER if options.key is None else "idempotency key (event id)"
+
+
+def decide(
+    scope: store.Scope,
+    fp: str,
+    options: Options,
+    using: str,
+    *,
+    may_run: bool,
+    view_name: str = "",
+) -> Respond | Proceed | CannotRun:
+    """Claim ``scope`` for a request with fingerprint ``fp``, or answer from the record.
+
+    Args:
+        scope: the record's identity (principal, endpoint, key).
+        fp: the request's fingerprint (``fingerprint.compute``).
+        options: the view's options (lease, retention, wait, replay headers).
+        using: the alias of the record's database.
+        may_run: ``False`` when the view cannot run for this request (DRF found no
+            renderer for its ``Accept``): the record is only looked up, never claimed.
+        view_name: dotted name of the view, for the :class:`Proceed`.
+
+    Returns:
+        :class:`Proceed` with the claim; :class:`Respond` with a replay (or the 410 of
+        a response too large to keep), the 422 ``key-reused``, the 409
+        ``request-in-flight`` (after waiting up to the view's ``wait``) or the 503
+        ``store-unavailable``; :class:`CannotRun` when ``may_run`` is ``False`` and
+        the view would have to run. Never raises for a store failure.
+
+    Raises:
+        Whatever a ``claimed`` signal receiver raised, after the claim was given up.
+    """
+    signal_kwargs = {
+        "principal": scope.principal,
+        "endpoint": scope.endpoint,
+        "key_hash": key_hash(scope.key),
+    }
+    deadline = time.monotonic() + options.get_wait()
+    delay = 0.05
+    while True:
+        try:
+            if may_run:
+                result: store.Claim | store.Existing | None = store.claim(
+                    scope,
+                    fp,
+                    lease=options.get_lease(),
+                    retention=options.get_retention(),
+                    using=using,
+                )
+            else:
+                result = operators.peek(scope, fp, using=using)
+        except (DatabaseError, InterfaceError) as exc:
+            signals.store_failed.send(scope.endpoint, error=exc, **signal_kwargs)
+            return problem(
+                problems.STORE_UNAVAILABLE,
+                "The idempotency store failed or was busy (its database unreachable, "
+                "or locked by another request), so the request was not run. Retry "
+                "later with the same key.",
+                retry_after=conf.retry_after,
+            )
+        if result is None:
+            return CANNOT_RUN
+        if isinstance(result, store.Claim):
+            try:
+                signals.claimed.send(
+                    scope.endpoint,
+                    taken_over=result.taken_over,
+                    presence=result.by_presence,
+                    cause=result.takeover_cause,
+                    **signal_kwargs,
+                )
+            except BaseException:  # a receiver failed: this request will not run the view
+                store.abandon(result)  # nothing ran: the key is free for a retry at once
+                raise
+            return Proceed(result, options, view_name)
+        if result.fingerprint != fp:
+            signals.mismatched.send(scope.endpoint, **signal_kwargs)
+            return problem(
+                problems.KEY_REUSED,
+                f"This {key_name(options)} was already used for a different request "
+                "(method, path, query or body differ). Use a new key for a new operation.",
+            )
+        if result.response is not None:
+            signals.replayed.send(scope.endpoint, status=result.response.status, **signal_kwargs)
+            policy = HeaderPolicy.current(options.get_replay_headers())
+            if not result.response.replayable:
+                return Respond(_too_large_to_replay(result.response, policy))
+            return Respond(build(result.response, replayed=True, policy=policy))
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            signals.in_flight.send(scope.endpoint, **signal_kwargs)
+            return _in_flight()
+        if result.owner_pid is not None and presence.can_wait(using):
+            # Woken by the owner's completion (its presence lock), not by polling.
+            started = time.monotonic()
+            try:
+                woken = presence.wait_for_owner(
+                    using, scope, min(remaining, max(result.lease_remaining, 0.0) + 0.05)
+                )
+            except presence.WaitersFull:
+                signals.in_flight.send(scope.endpoint, waiters_full=True, **signal_kwargs)
+                return _in_flight()
+            except (DatabaseError, InterfaceError):
+                woken = False  # e.g. a statement_timeout: poll instead
+                time.sleep(min(delay, remaining))
+            if woken:
+                signals.woken.send(
+                    scope.endpoint, waited=time.monotonic() - started, **signal_kwargs
+                )
+            continue
+        time.sleep(min(delay, remaining))  # bounded in-flight wait (opt-in per view)
+        delay = min(delay * 2, 0.5)
+
+
+def _in_flight() -> Respond:
+    return problem(
+        problems.IN_FLIGHT,
+        "A request with this key is still being processed. Retry after the "
+        "number of seconds in Retry-After, with the same key, to get its result.",
+        retry_after=conf.retry_after,
+    )
+
+
+#: Headers of the stored response that describe its body, not sent with the 410's.
+_BODY_HEADERS = ("content-", "digest", "repr-digest")
+
+
+def _too_large_to_replay(stored: store.StoredResponse, policy: HeaderPolicy) -> HttpResponseBase:
+    """410 for a completed request whose body was too large to keep (MAX_RESPONSE_BYTES).
+
+    The request ran and will not run again; the client gets its status and the
+    replayable headers that point at the result (Location, ETag, ...), but none that
+    describe the stored body (``Content-*``, digests): the 410 has its own.
+    """
+    response = problems.problem_response(
+        problems.RESPONSE_TOO_LARGE,
+        f"The request with this {HEADER} already completed with status {stored.status}, "
+        "but its response was too large to keep for replay. It will not run again; "
+        "fetch its result instead (see the Location header, if any).",
+        extensions={"original_status": stored.status},
+    )
+    for name, value in policy.filter(stored.headers):
+        if not name.lower().startswith(_BODY_HEADERS):
+            response[name] = value
+    response[REPLAYED_HEADER] = "true"
+    return response
