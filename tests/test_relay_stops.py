@@ -29,10 +29,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-# A relay command in a process of its own. argv: database name, OUTBOX_MARK_DELAY, the
-# ids whose handler blocks until the test writes "release <id>", then the command's
-# arguments. It reports "delivered <id>" when a handler starts, "signalled <n>" once
-# the command's own handler of signal n has run, and "exited" after the command.
+# A relay command (or COMMAND_NAME) in a process of its own. argv: database name,
+# OUTBOX_MARK_DELAY, the ids whose handler blocks until the test writes "release <id>",
+# then the command's arguments, run as manage.py runs them. It reports "delivered <id>"
+# when a handler starts, "signalled <n>" once the command's own handler of signal n has
+# run, and "exited" after the command.
 COMMAND = """
 import os, signal, sys, threading
 import django
@@ -40,10 +41,19 @@ import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
 django.setup()
 from django.conf import settings
-from django.core.management import call_command
+from django.core.management import execute_from_command_line
 from django.db import connections
 
 connections["default"].settings_dict["NAME"] = sys.argv[1]
+if os.environ.get("RELAY_DB_PORT"):  # through a fault proxy (tests/faults.py)
+    connections["default"].settings_dict.update(
+        HOST="127.0.0.1", PORT=os.environ["RELAY_DB_PORT"], OPTIONS={"connect_timeout": 5}
+    )
+if os.environ.get("RELAY_LOG"):
+    import logging
+
+    logging.basicConfig(stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("django_idempotency").setLevel(os.environ["RELAY_LOG"])
 settings.IDEMPOTENCY = {"OUTBOX_KICK": False, "OUTBOX_MARK_DELAY": float(sys.argv[2])}
 from django_idempotency import outbox
 
@@ -95,15 +105,31 @@ def on_sigint(number, frame):
 
 
 installed(signal.SIGINT, on_sigint)
-call_command("idempotency_relay", *sys.argv[4:])
+name = os.environ.get("COMMAND_NAME", "idempotency_relay")
+execute_from_command_line(["manage.py", name, *sys.argv[4:]])
 say("exited")
 """
 
 
 class Child:
-    """The relay command's process: its reports line by line, and its stdin."""
+    """The relay command's process: its reports line by line, its log, and its stdin.
 
-    def __init__(self, blocked: list[int], *args: str, mark_delay: float = 3600.0) -> None:
+    Args:
+        blocked: ids whose handler waits for :meth:`release`.
+        args: the command's arguments.
+        mark_delay: its ``OUTBOX_MARK_DELAY``.
+        env: extra environment (``RELAY_DB_PORT``: connect there; ``RELAY_LOG``: the
+            level of the ``django_idempotency`` loggers, written to stderr;
+            ``COMMAND_NAME``: another command than ``idempotency_relay``).
+    """
+
+    def __init__(
+        self,
+        blocked: list[int],
+        *args: str,
+        mark_delay: float = 3600.0,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.process = subprocess.Popen(
             [
                 sys.executable,
@@ -115,21 +141,48 @@ class Child:
                 *args,
             ],
             cwd=ROOT,
+            env={**os.environ, **(env or {})},
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
         self.lines: list[str] = []
+        self.log: list[str] = []
+        # Both pipes drained all along, so the child never blocks writing to them.
+        self._readers = [
+            threading.Thread(target=self._read, args=(stream, into), daemon=True)
+            for stream, into in ((self.process.stdout, self.lines), (self.process.stderr, self.log))
+        ]
+        for reader in self._readers:
+            reader.start()
+
+    @staticmethod
+    def _read(stream: Any, into: list[str]) -> None:
+        for line in stream:
+            into.append(line.rstrip("\n"))
+
+    def _join(self) -> None:
+        for reader in self._readers:
+            reader.join(30)
 
     def wait_for_line(self, line: str) -> None:
-        """Read reports until ``line`` (the process's own progress, not a clock)."""
-        assert self.process.stdout is not None
-        while line not in self.lines:
-            got = self.process.stdout.readline()
-            if not got:
-                raise AssertionError(f"{line!r} never came: {self.lines}, {self.stderr()}")
-            self.lines.append(got.rstrip("\n"))
+        """Wait until the process reported ``line`` (its own progress, not a clock)."""
+
+        def reported() -> bool:
+            if line in self.lines:
+                return True
+            if self.process.poll() is not None:
+                self._join()
+                if line not in self.lines:
+                    raise AssertionError(f"{line!r} never came: {self.lines}, {self.stderr()}")
+            return line in self.lines
+
+        wait_for(reported, timeout=60)
+
+    def wait_for_log(self, text: str) -> str:
+        """The first log line containing ``text``, once the process has written it."""
+        return wait_for(lambda: next((line for line in self.log if text in line), None))
 
     def release(self, pk: int) -> None:
         assert self.process.stdin is not None
@@ -141,18 +194,24 @@ class Child:
 
     def finish(self) -> int:
         self.wait_for_line("exited")
-        return self.process.wait(30)
+        status = self.process.wait(30)
+        self._join()
+        return status
+
+    def exit_status(self) -> int:
+        """The status of a process that ends by itself (not reporting "exited")."""
+        status = self.process.wait(60)
+        self._join()
+        return status
 
     def stderr(self) -> str:
-        if self.process.poll() is None:
-            return ""
-        assert self.process.stderr is not None
-        return self.process.stderr.read()
+        return "\n".join(self.log)
 
     def close(self) -> None:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+        self._join()
         for stream in (self.process.stdin, self.process.stdout, self.process.stderr):
             if stream is not None:
                 stream.close()
@@ -198,7 +257,8 @@ def test_sigterm_stops_the_relay_after_its_running_handlers_and_marks_them(
     child, settings, threads
 ):
     """``kill`` (SIGTERM) while handlers run: they finish, every delivered message is
-    marked sent, the messages not started are handed back, and the command exits 0."""
+    marked sent, the messages not started are handed back (with a pool, at once, while
+    its handlers still run), and the command exits 0."""
     settings.IDEMPOTENCY = {"OUTBOX_KICK": False}
     ids = enqueue(5)
     running = ids[1:2] if threads == "1" else ids[1:3]
@@ -207,11 +267,13 @@ def test_sigterm_stops_the_relay_after_its_running_handlers_and_marks_them(
         relay_process.wait_for_line(f"delivered {pk}")
     relay_process.signal(signal.SIGTERM)
     relay_process.wait_for_line(f"signalled {signal.SIGTERM}")
+    done = 1 + len(running)
+    if threads != "1":  # the relay's thread is free: the rest goes back at once
+        wait_for(lambda: set(states(ids[done:])) == {(PENDING, 0)})
     for pk in running:
         relay_process.release(pk)
     assert relay_process.finish() == 0, relay_process.stderr()
 
-    done = 1 + len(running)
     assert f"Handled {done} outbox messages." in relay_process.lines
     assert states(ids[:done]) == [(SENT, 1)] * done
     assert_handed_back(ids[done:])

@@ -1,6 +1,6 @@
 """``manage.py idempotency_relay``: deliver outbox messages without Celery (docs/outbox.md).
 
-The loop outlives the database: an outage (``django_idempotency.outages``) is logged
+The loop outlives the database: an outage (``django_idempotency.jobs``) is logged
 once when it starts and once when it ends, the relay retries with backoff and goes
 on. ``SIGTERM`` (``kill``, a container stop) is a graceful stop: the handlers running
 finish, what was delivered is marked, the rest of the batch is handed back, and the
@@ -10,10 +10,7 @@ command exits 0; a second ``SIGTERM`` stops it at once, as Ctrl-C does.
 from __future__ import annotations
 
 import logging
-import signal
-import threading
 import time
-from types import FrameType
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -23,66 +20,9 @@ from django.utils.translation import ngettext
 from django_idempotency import relay
 from django_idempotency.conf import conf
 from django_idempotency.databases import all_databases
-from django_idempotency.outages import UNAVAILABLE, Outage
+from django_idempotency.jobs import UNAVAILABLE, GracefulStop, Outage
 
 logger = logging.getLogger("django_idempotency.outbox")
-
-
-class _Idle(BaseException):
-    """Raised by the SIGTERM handler when the command was idle (sleeping)."""
-
-
-class GracefulStop:
-    """``SIGTERM`` as a graceful stop of some relays, for the ``with`` block.
-
-    The first ``SIGTERM`` calls :meth:`Relay.stop` on each relay (no handler starts
-    any more; the running ones finish and are marked) and ends :meth:`sleep` at once;
-    a second one raises ``KeyboardInterrupt``, as Ctrl-C does. Installed only in the
-    main thread (Python delivers signals there); the previous handler is restored when
-    the block ends.
-
-    Args:
-        relays: the relays to stop.
-    """
-
-    def __init__(self, relays: list[relay.Relay]) -> None:
-        self.relays = relays
-        #: Whether a SIGTERM arrived.
-        self.requested = False
-        self._idle = False
-        self._previous: Any = None
-        self._installed = False
-
-    def __enter__(self) -> GracefulStop:
-        if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
-            self._installed = True
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        if self._installed:
-            signal.signal(signal.SIGTERM, self._previous)
-            self._installed = False
-
-    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-        for each in self.relays:
-            each.stop()
-        if self._idle:  # nothing runs: end the sleep now
-            raise _Idle
-
-    def sleep(self, seconds: float) -> None:
-        """Sleep ``seconds`` (not synchronisation: the poll interval), or until SIGTERM."""
-        try:
-            self._idle = True
-            if not self.requested and seconds > 0:
-                time.sleep(seconds)
-        except _Idle:
-            pass
-        finally:
-            self._idle = False
 
 
 class Command(BaseCommand):
@@ -152,7 +92,7 @@ class Command(BaseCommand):
         relays = {alias: relay.Relay(alias, threads=threads) for alias in aliases}
         outages = {alias: Outage("outbox relay", alias, logger) for alias in aliases}
         unavailable: dict[str, BaseException] = {}  # --once: databases given up on
-        stop = GracefulStop(list(relays.values()))
+        stop = GracefulStop(*(each.stop for each in relays.values()))
         iterations = 0
         try:
             with stop:
@@ -185,10 +125,7 @@ class Command(BaseCommand):
                         iterations += 1
                     if full or stop.requested:
                         continue  # batches back to back while they come back full
-                    if once:
-                        break
-                    down = [o for o in outages.values() if o.down]
-                    if limit is not None and iterations >= limit:
+                    if once or (limit is not None and iterations >= limit):
                         break
                     # Drained for now: nothing left pending while it sleeps.
                     for alias, each in relays.items():
@@ -198,10 +135,11 @@ class Command(BaseCommand):
                             except UNAVAILABLE as exc:
                                 outages[alias].failed(exc)
                     pause = options["interval"]
+                    down = [o for o in outages.values() if o.down]
                     if down:
                         pause = min(pause, min(o.retry_at for o in down) - time.monotonic())
                     stop.sleep(pause)  # poll interval or backoff, not synchronisation
-        except (KeyboardInterrupt, _Idle):
+        except KeyboardInterrupt:
             pass
         finally:
             unmarked = self._close(relays)

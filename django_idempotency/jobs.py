@@ -1,11 +1,13 @@
-"""Database outages as the long-running jobs see them (docs/operations.md, "Outages").
+"""What the long-running jobs share: riding out database outages, stopping on SIGTERM.
 
-The relay command, the sweeper's ``--loop`` and the Celery tasks outlive a database
-that goes away for a while (a server restart, a failover, a terminated backend, a
-network cut): an :class:`Outage` per job and database logs the outage once when it
-starts (``ERROR``) and once when it ends (``INFO``), never a traceback per retry, and
-spaces the retries with a bounded exponential backoff with jitter. The connection
-the failure left behind is closed, so the next try connects afresh.
+The jobs are the relay command, the sweeper's ``--loop`` and the Celery tasks
+(docs/operations.md, "Outages and stopping"). They outlive a database that goes away
+for a while (a server restart, a failover, a terminated backend, a network cut): an
+:class:`Outage` per job and database logs the outage once when it starts (``ERROR``)
+and once when it ends (``INFO``), never a traceback per retry, and spaces the retries
+with a bounded exponential backoff with jitter. The connection the failure left
+behind is closed, so the next try connects afresh. :class:`GracefulStop` turns
+``SIGTERM`` (``kill``, a container stop) into a stop after the work in hand.
 
 What counts as an outage (:data:`UNAVAILABLE`): ``OperationalError`` (connection
 refused or lost, the server shutting down or starting up, a backend terminated, a
@@ -19,8 +21,12 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
+import signal
+import threading
 import time
 from collections.abc import Callable
+from types import FrameType
+from typing import Any
 
 from django.db import InterfaceError, OperationalError, connections
 
@@ -35,6 +41,7 @@ class Outage:
         job: what is running, for the log lines (``"outbox relay"``).
         alias: the database alias.
         logger: where the two lines of an outage go.
+        then: what happens next, for the first line (``"retrying with backoff"``).
         base: seconds of the first pause after a failure (at least half of it is
             waited, the rest is jitter).
         cap: most seconds of a pause.
@@ -47,6 +54,7 @@ class Outage:
         alias: str,
         logger: logging.Logger,
         *,
+        then: str = "retrying with backoff",
         base: float = 0.5,
         cap: float = 30.0,
         rand: Callable[[], float] = random.random,
@@ -54,6 +62,7 @@ class Outage:
         self.job = job
         self.alias = alias
         self.logger = logger
+        self.then = then
         self.base = base
         self.cap = cap
         self.rand = rand
@@ -84,11 +93,12 @@ class Outage:
         if self.failures == 1:
             self.since = now
             self.logger.error(
-                "%s: database %r unavailable, retrying with backoff until it is back: %s: %s",
+                "%s: database %r unavailable (%s: %s); %s",
                 self.job,
                 self.alias,
                 type(exc).__name__,
                 str(exc).strip(),
+                self.then,
             )
         else:
             self.logger.debug(
@@ -125,9 +135,67 @@ class Outage:
 _known: dict[tuple[str, str], Outage] = {}
 
 
-def for_job(job: str, alias: str, logger: logging.Logger) -> Outage:
+def for_job(job: str, alias: str, logger: logging.Logger, *, then: str) -> Outage:
     """The :class:`Outage` of ``job`` on ``alias`` in this process, kept across calls."""
     outage = _known.get((job, alias))
     if outage is None:
-        outage = _known[(job, alias)] = Outage(job, alias, logger)
+        outage = _known[(job, alias)] = Outage(job, alias, logger, then=then)
     return outage
+
+
+class _Idle(BaseException):
+    """Raised by the SIGTERM handler when the job was idle (sleeping)."""
+
+
+class GracefulStop:
+    """``SIGTERM`` as a graceful stop, for the ``with`` block.
+
+    The first ``SIGTERM`` sets :attr:`requested`, calls each ``on_stop`` (e.g.
+    ``Relay.stop``: it must be safe in a signal handler) and ends :meth:`sleep` at
+    once; the job finishes the work in hand and returns. A second ``SIGTERM`` raises
+    ``KeyboardInterrupt``, as Ctrl-C does. Installed only in the main thread (Python
+    delivers signals there); the previous handler is restored when the block ends.
+
+    Args:
+        on_stop: called on the first ``SIGTERM``, in the signal handler.
+    """
+
+    def __init__(self, *on_stop: Callable[[], None]) -> None:
+        self.on_stop = on_stop
+        #: Whether a SIGTERM arrived.
+        self.requested = False
+        self._idle = False
+        self._previous: Any = None
+        self._installed = False
+
+    def __enter__(self) -> GracefulStop:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+            self._installed = True
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> bool:
+        if self._installed:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._installed = False
+        return isinstance(exc, _Idle)  # a SIGTERM just after a sleep ended: stopped
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        for stop in self.on_stop:
+            stop()
+        if self._idle:  # nothing runs: end the sleep now
+            raise _Idle
+
+    def sleep(self, seconds: float) -> None:
+        """Wait ``seconds``, or until ``SIGTERM``: a poll interval or a backoff."""
+        try:
+            self._idle = True
+            if not self.requested and seconds > 0:
+                time.sleep(seconds)
+        except _Idle:
+            pass
+        finally:
+            self._idle = False
