@@ -9,8 +9,9 @@ the relay lease (another relay would then deliver those messages again), so a
 **watchdog** thread, armed when a handler starts with marks pending, writes the
 group at its deadline on a database connection of its own. A mark is therefore
 committed at most about ``max_age`` seconds (plus one UPDATE) after its handler
-returned, whatever later handlers do, unless the database fails; then the messages
-stay leased and are delivered again after the lease (at least once).
+returned, whatever later handlers do, unless the database fails; then the watchdog
+retries on a new connection, and the messages not marked before their lease ends are
+delivered again after it (at least once).
 
 Every write is fenced by the claim: the message must still be ``pending`` with the
 attempt count and lease end (``available_at``) this relay's claim gave it. Messages

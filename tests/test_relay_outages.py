@@ -16,12 +16,15 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 
-from django_idempotency import tasks
+from django_idempotency import relay, tasks
+from django_idempotency.models import OutboxMessage
 from tests.faults import Proxy, terminate, wait_for
 from tests.test_relay_stops import PENDING, SENT, child, enqueue, states
 
@@ -109,6 +112,51 @@ def test_once_reports_an_unreachable_database_in_one_line(child, proxy, settings
     assert relay_process.exit_status() == 1
     assert "CommandError: database 'default' unavailable:" in relay_process.stderr()
     assert "Traceback" not in relay_process.stderr()
+
+
+# A handler whose database session dies (the server restarted under it, its backend
+# terminated) fails alone: the relay and the handlers after it get a fresh connection.
+
+
+def _handler_losing_its_session(first: int, seen: list[tuple[int, bool]], barrier: Any) -> Any:
+    def handler(message: OutboxMessage, key: str) -> None:
+        if barrier is not None:
+            barrier.wait()  # with a pool: both threads take part in every round
+        if message.pk == first:
+            connection.ensure_connection()
+            terminate(connection.connection.info.backend_pid)
+        try:
+            OutboxMessage.objects.filter(pk=message.pk).exists()
+        except DatabaseError:
+            seen.append((message.pk, False))
+            raise
+        seen.append((message.pk, True))
+
+    return handler
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_handler_whose_session_dies_fails_alone(settings, threads):
+    """The first handler's database session is terminated: that message is retried
+    later; the relay records it and every later handler, on the same thread too, runs
+    on a fresh connection and is delivered."""
+    settings.IDEMPOTENCY = {"OUTBOX_KICK": False}
+    from django_idempotency import outbox
+
+    with transaction.atomic():
+        ids = [outbox.enqueue("outages.session", {"n": n}).pk for n in range(6)]
+    seen: list[tuple[int, bool]] = []
+    barrier = threading.Barrier(2, timeout=30) if threads == 2 else None
+    outbox.register("outages.session")(_handler_losing_its_session(ids[0], seen, barrier))
+    try:
+        assert relay.deliver_batch(10, threads=threads) == 6
+    finally:
+        if barrier is not None:
+            barrier.abort()
+        outbox.unregister("outages.session")
+    assert sorted(seen) == [(ids[0], False)] + [(pk, True) for pk in ids[1:]]
+    assert states(ids) == [(PENDING, 1)] + [(SENT, 1)] * 5
+    assert "terminating connection" in OutboxMessage.objects.get(pk=ids[0]).last_error
 
 
 # The Celery tasks: a beat runs them again, so a run that meets an outage logs it (once
