@@ -11,6 +11,7 @@ restart is ``test_the_relay_command_rides_out_a_real_server_restart`` (opt-in:
 
 from __future__ import annotations
 
+import io
 import logging
 import os
 import shutil
@@ -21,14 +22,15 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.core.management import CommandError, call_command
 from django.db import DatabaseError, connection, transaction
 
 from django_idempotency import relay, tasks
 from django_idempotency.models import OutboxMessage
-from tests.faults import Proxy, terminate, wait_for
+from tests.faults import Proxy, extra_alias, terminate, unreachable, wait_for
 from tests.test_relay_stops import PENDING, SENT, child, enqueue, states
 
-__all__ = ["child"]  # the fixture, used here
+__all__ = ["child", "extra_alias"]  # the fixtures, used here
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -210,6 +212,41 @@ def test_the_sweep_task_logs_an_outage_once_and_reports_it(own_backend, caplog):
     started, ended = outage_lines(caplog.messages)
     assert len(started) == 1 and "idempotency sweep task" in started[0]
     assert len(ended) == 1
+
+
+def test_an_unavailable_database_does_not_hold_the_others_back(
+    extra_alias, settings, caplog, monkeypatch
+):
+    """The relay command, the relay task and the sweep task cover two databases, one
+    unreachable: the other is delivered and swept, the unreachable one is logged and
+    reported."""
+    from django_idempotency import outbox
+    from django_idempotency.management.commands import idempotency_relay
+
+    down = extra_alias(**unreachable(on_postgres=True))
+    monkeypatch.setattr(tasks, "all_databases", lambda: (down, "default"))
+    monkeypatch.setattr(idempotency_relay, "all_databases", lambda: (down, "default"))
+    settings.IDEMPOTENCY = {"OUTBOX_KICK": False}
+    seen: list[int] = []
+    outbox.register("outages.topic")(lambda message, key: seen.append(message.pk))
+    try:
+        with transaction.atomic():
+            first = outbox.enqueue("outages.topic", {}).pk
+        out = io.StringIO()
+        with pytest.raises(CommandError, match=f"database '{down}' unavailable"):
+            call_command("idempotency_relay", "--once", stdout=out)
+        assert out.getvalue() == "Handled 1 outbox message.\n"
+        with transaction.atomic():
+            second = outbox.enqueue("outages.topic", {}).pk
+        assert tasks.relay_outbox() == 1
+    finally:
+        outbox.unregister("outages.topic")
+    assert seen == [first, second]
+    reports = tasks.sweep()["databases"]
+    assert [r["database"] for r in reports] == [down, "default"]
+    assert "error" in reports[0] and "error" not in reports[1]
+    started, _ended = outage_lines(caplog.messages)
+    assert len(started) == 2 and all(repr(down) in line for line in started)
 
 
 # A real server restart, opt-in (--pg-restart): it disturbs every other PostgreSQL
