@@ -9,8 +9,9 @@ the relay lease (another relay would then deliver those messages again), so a
 **watchdog** thread, armed when a handler starts with marks pending, writes the
 group at its deadline on a database connection of its own. A mark is therefore
 committed at most about ``max_age`` seconds (plus one UPDATE) after its handler
-returned, whatever later handlers do, unless the database fails; then the messages
-stay leased and are delivered again after the lease (at least once).
+returned, whatever later handlers do, unless the database fails; then the watchdog
+retries on a new connection, and the messages not marked before their lease ends are
+delivered again after it (at least once).
 
 Every write is fenced by the claim: the message must still be ``pending`` with the
 attempt count and lease end (``available_at``) this relay's claim gave it. Messages
@@ -19,6 +20,7 @@ a relay with a later claim took over are left alone, and logged.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import math
@@ -27,7 +29,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from django.db import DatabaseError, connections
+from django.db import connections
 
 from django_idempotency.models import OutboxMessage, OutboxState
 from django_idempotency.store import clock
@@ -45,8 +47,10 @@ WHERE m.id = c.id AND m.attempts = c.attempts AND m.available_at = c.until
 RETURNING m.id
 """
 _NOW = "(statement_timestamp() + %(offset)s * interval '1 second')"
-#: Seconds the watchdog waits before it tries a failed write again.
+#: Seconds the watchdog waits before it tries a failed write again; doubled after each
+#: further failure, up to ``_RETRY_CAP``.
 _RETRY_AFTER = 0.1
+_RETRY_CAP = 2.0
 
 
 class Claimed(Protocol):
@@ -251,7 +255,15 @@ class Marks:
             self._oldest = time.monotonic() - self.max_age  # due: they are old
 
     def _watch(self) -> None:
-        """The watchdog: write the group when its deadline passes; own connection."""
+        """The watchdog: write the group when its deadline passes; own connection.
+
+        It outlives failures: after any error (the database down, its connection
+        terminated, a ``delivered`` receiver raising) it closes its connection, so the
+        next try connects afresh, and tries again after a pause doubling from
+        ``_RETRY_AFTER`` up to ``_RETRY_CAP`` seconds. The first failure of a run of
+        them is logged as a warning, the recovery as info.
+        """
+        failures = 0
         try:
             while True:
                 with self._cond:
@@ -263,10 +275,24 @@ class Marks:
                         continue
                 try:
                     self._write()
-                except DatabaseError as exc:
-                    logger.warning("outbox marks not written yet, will retry: %s", exc)
+                except Exception as exc:
+                    failures += 1
+                    _close_connection(self.using)
+                    log = logger.warning if failures == 1 else logger.debug
+                    log("outbox marks not written yet, will retry: %s", exc)
+                    pause = min(_RETRY_CAP, _RETRY_AFTER * 2.0 ** (failures - 1))
                     with self._cond:
                         if not self._stopped:
-                            self._cond.wait(_RETRY_AFTER)
+                            self._cond.wait(pause)
+                    continue
+                if failures:
+                    logger.info("outbox marks written again after %d failed tries", failures)
+                    failures = 0
         finally:
-            connections[self.using].close()
+            _close_connection(self.using)
+
+
+def _close_connection(using: str) -> None:
+    """Close this thread's connection to ``using``, broken or not."""
+    with contextlib.suppress(Exception):
+        connections[using].close()

@@ -19,14 +19,16 @@ marks while it claims the next):
    groups no older than ``OUTBOX_MARK_DELAY``, one UPDATE per group, written by a
    watchdog thread if a handler blocks meanwhile (``django_idempotency.marks``).
 
-A relay killed between 1 and 3 leaves its messages ``pending`` with ``available_at``
-at the lease's end: they are delivered again after it, including those whose mark was
-still waiting in its group. Delivery is therefore at least once; the dedup key makes
-it effectively once downstream. Smaller batches shrink what a crash redelivers;
-larger ones cost fewer statements per message (benchmarks/relay.py). On SQLite (no
-SKIP LOCKED) the claim is a conditional UPDATE per message: concurrent relays stay
-correct but serialise on the database's single writer, so run one relay; marks are
-written one by one there. Clock: the store's (``django_idempotency.clock``).
+A relay stopped by an exception (or :meth:`Relay.stop`) between 1 and 3 lets its
+running handlers finish, marks what they delivered and hands back what no handler
+started. A relay killed between 1 and 3 leaves its messages ``pending`` with
+``available_at`` at the lease's end: they are delivered again after it, including
+those whose mark was still waiting in its group. Delivery is therefore at least once;
+the dedup key makes it effectively once downstream. Smaller batches shrink what a
+crash redelivers; larger ones cost fewer statements per message (benchmarks/relay.py).
+On SQLite (no SKIP LOCKED) the claim is a conditional UPDATE per message: concurrent
+relays stay correct but serialise on the database's single writer, so run one relay;
+marks are written one by one there. Clock: the store's (``django_idempotency.clock``).
 """
 
 from __future__ import annotations
@@ -188,17 +190,37 @@ class Relay:
     connection, while this thread claims the next batch. :meth:`close` (or leaving
     the ``with`` block) waits until every mark is written.
 
+    However a batch ends, what its handlers delivered is marked: when an exception
+    stops it (a handler raising ``SystemExit``, ``KeyboardInterrupt``, a Celery soft
+    time limit, the database failing), the handlers running finish, the messages they
+    delivered are marked and their failures recorded, and the messages no handler
+    started are handed back (due at once); then the exception propagates. The
+    message whose handler the exception interrupted stays leased and is delivered
+    again after the lease. :meth:`stop` ends the batch the same way without an
+    exception.
+
     Args:
         using: database alias (default: the router's choice for ``OutboxMessage``).
         lease: seconds the claimed messages are held (default ``OUTBOX_RELAY_LEASE``).
         threads: handlers run at the same time (default ``OUTBOX_RELAY_THREADS``).
+        stop_on: exception types that stop the batch when a handler raises one (a
+            time limit raised inside the handler, such as Celery's
+            ``SoftTimeLimitExceeded``): the attempt is recorded as failed (retried
+            after its backoff), the batch stops as above and the exception
+            propagates. Any other ``Exception`` of a handler is that message's
+            failure alone.
 
     Raises:
         ValueError: ``threads`` below 1.
     """
 
     def __init__(
-        self, using: str | None = None, *, lease: float | None = None, threads: int | None = None
+        self,
+        using: str | None = None,
+        *,
+        lease: float | None = None,
+        threads: int | None = None,
+        stop_on: tuple[type[BaseException], ...] = (),
     ) -> None:
         handlers.autodiscover()
         self.using = using or handlers.database_for_write()
@@ -206,8 +228,13 @@ class Relay:
         self.threads = threads
         if threads is not None and int(threads) < 1:
             raise ValueError(f"threads must be at least 1, not {threads}")
+        self.stop_on = tuple(stop_on)
         self._marks = Marks(self.using, conf.outbox_mark_delay, _report_sent)
         self._pool: _Pool | None = None
+        self._stopping = False
+        #: Messages this relay handled so far (sent, retried or dead-lettered), those
+        #: of a batch an exception stopped included.
+        self.handled = 0
 
     def __enter__(self) -> Relay:
         return self
@@ -215,22 +242,52 @@ class Relay:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    @property
+    def stopping(self) -> bool:
+        """Whether :meth:`stop` was called: no handler starts any more."""
+        return self._stopping
+
+    @property
+    def unmarked(self) -> int:
+        """Delivered messages whose mark is not written yet.
+
+        Not 0 after a database failure, until a later batch or :meth:`close` writes them.
+        """
+        return self._marks.pending
+
+    def stop(self) -> None:
+        """Stop gracefully: start no further handler, in this batch or a later one.
+
+        The handlers running finish and what they delivered is marked; the rest of the
+        batch is handed back, due at once for any relay; :meth:`deliver_batch` then
+        returns, and returns 0 without claiming from then on. Safe to call from a
+        signal handler (the management command's ``SIGTERM``) or another thread.
+        """
+        self._stopping = True
+        pool = self._pool
+        if pool is not None:
+            pool.wake()  # the relay's thread may be waiting for a handler's outcome
+
     def close(self) -> None:
         """Write the marks still pending and stop the marks' writer.
 
         Raises:
             django.db.DatabaseError: the database failed; the messages not marked stay
-                leased and are delivered again after the lease.
+                leased: a later :meth:`close` or batch of this relay writes their marks
+                while their lease holds, else they are delivered again after it.
         """
         try:
             if self._pool is not None:
-                self._pool.close()
-                self._pool = None
+                pool, self._pool = self._pool, None
+                pool.close()
         finally:
             self._marks.close()
 
     def deliver_batch(self, batch_size: int | None = None) -> int:
         """One batch, as :func:`deliver_batch`; its marks may still be written after.
+
+        Returns:
+            Messages handled; 0 once :meth:`stop` was called.
 
         Raises:
             ValueError: ``batch_size`` below 1.
@@ -245,8 +302,11 @@ class Relay:
         workers = conf.outbox_relay_threads if self.threads is None else int(self.threads)
         if limit < 1:
             raise ValueError(f"batch_size must be at least 1, not {limit}")
+        if self._stopping:
+            return 0
         started = time.monotonic()
         claimed, buried = _claim(using, limit, lease)
+        self.handled += buried
         if not claimed:
             return buried
         marks = self._marks
@@ -258,51 +318,68 @@ class Relay:
         marks.max_age = conf.outbox_mark_delay
         try:
             if workers == 1 or inside or len(claimed) == 1:
-                handled = _deliver_inline(using, claimed, marks, started, lease)
+                handled = _deliver_inline(self, claimed, started, lease)
             else:
                 if self._pool is not None and self._pool.size != workers:
                     self._pool.close()
                     self._pool = None
                 if self._pool is None:  # kept for the next batches: threads, connections
                     self._pool = _Pool(workers)
-                handled = _deliver_pooled(using, claimed, marks, started, lease, self._pool)
+                handled = _deliver_pooled(self, claimed, started, lease, self._pool)
         except BaseException:
-            # The pool's running handlers finish and what was delivered is marked; the
-            # error that stopped the batch is the one raised.
+            # What was delivered is in the marks (the pool's running handlers have
+            # finished); written now if the database lets us. The error that stopped
+            # the batch is the one raised.
             try:
                 self.close()
-            except Exception:
-                logger.exception("outbox marks not written after a failed batch")
+            except Exception as exc:
+                logger.warning(
+                    "%d delivered outbox message(s) not marked sent yet after a failed "
+                    "batch (written by this relay's next batch or close() while their "
+                    "lease holds, else delivered again after it): %s",
+                    self._marks.pending,
+                    exc,
+                )
             raise
         if hand_off:
             marks.hand_off()  # written now, by the writer, while the next batch is claimed
         return buried + handled
 
 
-def _deliver_inline(
-    using: str, claimed: list[_Claimed], marks: Marks, started: float, lease: float
-) -> int:
+def _deliver_inline(relay: Relay, claimed: list[_Claimed], started: float, lease: float) -> int:
     """Run the handlers one by one on this thread."""
+    using, marks = relay.using, relay._marks
     handled = 0
-    for item in claimed:
-        if time.monotonic() - started > lease / 2:
-            marks.flush()
-            _hand_back(using, [c.message for c in claimed[handled:]])
-            break
-        marks.before_handler()  # written now if due, else by its deadline
-        error = _call(item.message)
-        if error is None:
-            marks.add(item)
-        else:
-            _fail(using, item.message, error)
-        handled += 1
+    begun = 0  # claimed[begun:] were never handed to a handler
+    try:
+        for item in claimed:
+            if relay.stopping or time.monotonic() - started > lease / 2:
+                marks.flush()
+                _hand_back(using, [c.message for c in claimed[handled:]])
+                begun = len(claimed)
+                break
+            marks.before_handler()  # written now if due, else by its deadline
+            begun = handled + 1
+            error = _call(item.message)
+            if error is not None or connections[using].errors_occurred:
+                _discard_broken_connections()
+            handled += 1
+            relay.handled += 1
+            if error is None:
+                marks.add(item)
+            else:
+                _fail(using, item.message, error)
+                if isinstance(error, relay.stop_on):
+                    raise error
+    except BaseException:
+        _hand_back_quietly(using, claimed[begun:])
+        raise
     return handled
 
 
 def _deliver_pooled(
-    using: str,
+    relay: Relay,
     claimed: list[_Claimed],
-    marks: Marks,
     started: float,
     lease: float,
     pool: _Pool,
@@ -310,37 +387,67 @@ def _deliver_pooled(
     """Run the handlers on the pool's threads.
 
     Marks and failures are written here, on the relay's thread and connection, a
-    group at its deadline.
+    group at its deadline. If anything stops the batch, the pool is closed: its
+    running handlers finish and their outcomes are recorded, what no thread started
+    is handed back.
     """
+    using, marks = relay.using, relay._marks
     handled = running = index = 0
-    while index < len(claimed) or running:
-        if index < len(claimed) and running < pool.size:
-            if time.monotonic() - started > lease / 2:
+    try:
+        while index < len(claimed) or running:
+            if index < len(claimed) and (relay.stopping or time.monotonic() - started > lease / 2):
                 marks.flush()
                 _hand_back(using, [c.message for c in claimed[index:]])
                 index = len(claimed)
                 continue
-            pool.submit(claimed[index])
-            index += 1
-            running += 1
-            continue
-        left = marks.time_left()
-        outcome = pool.result(None if left is None else max(left, 0.0))
-        if outcome is None:  # the group's deadline came first
-            marks.flush()
-            continue
-        item, error = outcome
-        running -= 1
-        handled += 1
-        if error is None:
-            marks.add(item)
-        elif isinstance(error, Exception):
-            _fail(using, item.message, error)
-        else:  # SystemExit, KeyboardInterrupt in a handler: stop as inline would
-            raise error
-        if marks.due():
-            marks.flush()
+            if index < len(claimed) and running < pool.size:
+                item = claimed[index]
+                index += 1  # first: claimed[index:] is never handed to a thread
+                running += 1
+                pool.submit(item)
+                continue
+            left = marks.time_left()
+            outcome = pool.result(None if left is None else max(left, 0.0))
+            if outcome is None:  # the group's deadline came first, or stop() woke us
+                if marks.due():
+                    marks.flush()
+                continue
+            item, error = outcome
+            running -= 1
+            handled += 1
+            relay.handled += 1
+            if error is None:
+                marks.add(item)
+            elif isinstance(error, Exception):
+                _fail(using, item.message, error)
+                if isinstance(error, relay.stop_on):
+                    raise error
+            else:  # SystemExit, KeyboardInterrupt in a handler: stop as inline would
+                raise error
+            if marks.due():
+                marks.flush()
+    except BaseException:
+        relay._pool = None
+        _hand_back_quietly(using, [*pool.cancel(), *claimed[index:]])
+        _not_started, outcomes = pool.close()  # the running handlers finish first
+        _record(relay, outcomes)
+        raise
     return handled
+
+
+def _record(relay: Relay, outcomes: list[tuple[_Claimed, BaseException | None]]) -> None:
+    """Record the outcomes of handlers that finished while the batch was stopping."""
+    for item, error in outcomes:
+        try:
+            if error is None:
+                relay.handled += 1
+                relay._marks.add(item)  # written by close(), or kept for a later try
+            elif isinstance(error, Exception):
+                relay.handled += 1
+                _fail(relay.using, item.message, error)
+            # else: the handler itself was stopped; its message stays leased
+        except Exception as exc:
+            logger.warning("outbox message %s: outcome not recorded: %s", item.message.pk, exc)
 
 
 class _Pool:
@@ -349,7 +456,11 @@ class _Pool:
     def __init__(self, size: int) -> None:
         self.size = size
         self._inbox: queue.SimpleQueue[_Claimed | None] = queue.SimpleQueue()
-        self._outbox: queue.SimpleQueue[tuple[_Claimed, BaseException | None]] = queue.SimpleQueue()
+        # None: a wake-up call (Relay.stop), not an outcome.
+        self._outbox: queue.SimpleQueue[tuple[_Claimed, BaseException | None] | None] = (
+            queue.SimpleQueue()
+        )
+        self._closed = False
         self._threads = [
             threading.Thread(target=self._work, name=f"outbox-relay-{n}", daemon=True)
             for n in range(size)
@@ -361,25 +472,54 @@ class _Pool:
         self._inbox.put(item)
 
     def result(self, timeout: float | None) -> tuple[_Claimed, BaseException | None] | None:
-        """The next finished handler's message and error, or ``None`` after ``timeout``."""
+        """The next finished handler's message and error.
+
+        ``None`` after ``timeout`` seconds, or when :meth:`wake` was called.
+        """
         try:
             return self._outbox.get(timeout=timeout)
         except queue.Empty:
             return None
 
-    def close(self) -> None:
-        """Let the threads finish the handlers they run, then stop them.
+    def wake(self) -> None:
+        """Make a waiting :meth:`result` return ``None`` now.
 
-        Messages submitted but not started yet are dropped (after an error): they stay
-        claimed and are delivered after the lease.
+        Safe in a signal handler: ``SimpleQueue.put`` is reentrant.
         """
+        self._outbox.put(None)
+
+    def cancel(self) -> list[_Claimed]:
+        """Take back the messages submitted that no thread started yet."""
+        not_started: list[_Claimed] = []
         with contextlib.suppress(queue.Empty):
             while True:
-                self._inbox.get_nowait()
+                item = self._inbox.get_nowait()
+                if item is not None:
+                    not_started.append(item)
+        return not_started
+
+    def close(self) -> tuple[list[_Claimed], list[tuple[_Claimed, BaseException | None]]]:
+        """Let the threads finish the handlers they run, then stop them.
+
+        Returns:
+            The messages submitted that no thread started, and the outcomes of the
+            handlers that finished but were not taken with :meth:`result` yet.
+        """
+        outcomes: list[tuple[_Claimed, BaseException | None]] = []
+        if self._closed:
+            return [], outcomes
+        self._closed = True
+        not_started = self.cancel()
         for _ in self._threads:
             self._inbox.put(None)
         for thread in self._threads:
             thread.join()
+        with contextlib.suppress(queue.Empty):
+            while True:
+                outcome = self._outbox.get_nowait()
+                if outcome is not None:
+                    outcomes.append(outcome)
+        return not_started, outcomes
 
     def _work(self) -> None:
         try:
@@ -390,8 +530,32 @@ class _Pool:
                 except BaseException as exc:  # reported to the relay's thread
                     error = exc
                 self._outbox.put((item, error))
+                if error is not None:
+                    _discard_broken_connections()
         finally:
             connections.close_all()
+
+
+def _discard_broken_connections() -> None:
+    """Close this thread's connections that a database error left unusable.
+
+    A handler that met a dead connection (a restarted server, a terminated backend)
+    would hand it to every later handler on this thread; closed, the next query
+    connects afresh. Called after a handler raised (a few microseconds: not after
+    every handler), and a round trip only for a connection an error occurred on.
+    """
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is None or not conn.errors_occurred or conn.in_atomic_block:
+            continue
+        try:
+            usable = conn.is_usable()
+        except Exception:
+            usable = False
+        if usable:
+            conn.errors_occurred = False
+        else:
+            with contextlib.suppress(Exception):
+                conn.close()
 
 
 def deliver_due(
@@ -400,6 +564,7 @@ def deliver_due(
     using: str | None = None,
     max_batches: int = 10,
     threads: int | None = None,
+    stop_on: tuple[type[BaseException], ...] = (),
 ) -> int:
     """Run :func:`deliver_batch` until a batch comes back short, at most ``max_batches``.
 
@@ -408,13 +573,18 @@ def deliver_due(
         using: database alias (default: the router's choice for ``OutboxMessage``).
         max_batches: batches at most.
         threads: handlers run at the same time (default ``OUTBOX_RELAY_THREADS``).
+        stop_on: exception types of handlers that stop the run (:class:`Relay`).
 
     Returns:
         Messages handled in all batches.
+
+    Raises:
+        django.db.DatabaseError: the database failed; what was delivered is marked if
+            the database lets it, the rest stays leased (:class:`Relay`).
     """
     limit = conf.outbox_batch_size if batch_size is None else int(batch_size)
     total = 0
-    with Relay(using, threads=threads) as relay:
+    with Relay(using, threads=threads, stop_on=stop_on) as relay:
         for _ in range(max_batches):
             handled = relay.deliver_batch(limit)
             total += handled
@@ -657,10 +827,34 @@ def _fail(using: str, message: OutboxMessage, exc: Exception) -> None:
 
 
 def _hand_back(using: str, messages: list[OutboxMessage]) -> None:
-    """Return claimed messages no handler saw: due now, the claim's attempt undone."""
+    """Return claimed messages no handler saw: due now, the claim's attempt undone.
+
+    Fenced by the claim's lease end (every message of a batch got the same one): a
+    message another relay claimed after this relay's lease ran out is left alone.
+    """
+    if not messages:
+        return
     OutboxMessage.objects.using(using).filter(
         pk__in=[m.pk for m in messages],
         state=OutboxState.PENDING,
         # still this claim: every message of a batch got the same lease end
         available_at=clock.to_db(messages[0].available_at, connections[using]),
     ).update(attempts=F("attempts") - 1, available_at=now(using))
+
+
+def _hand_back_quietly(using: str, claimed: list[_Claimed]) -> None:
+    """:func:`_hand_back` while a batch stops on an error.
+
+    A failure is logged, not raised: the messages stay leased and are delivered after
+    the lease.
+    """
+    if not claimed:
+        return
+    try:
+        _hand_back(using, [c.message for c in claimed])
+    except Exception as exc:
+        logger.warning(
+            "%d claimed outbox message(s) not handed back (delivered after the relay lease): %s",
+            len(claimed),
+            exc,
+        )

@@ -7,14 +7,29 @@ nothing else in the package imports it, so the app works without Celery, with th
     CELERY_BEAT_SCHEDULE = {
         "idempotency-relay": {"task": "django_idempotency.relay_outbox", "schedule": 5.0},
     }
+
+Both tasks outlive the database the way a beat task should: a run that finds a
+database unavailable (``jobs.UNAVAILABLE``) logs it, goes on with the other
+databases and returns; the next run (the next beat, or the next kick) tries again.
+The outage is logged once per worker process when it starts (``ERROR``) and once when
+a run finds the database back (``INFO``), not a traceback every few seconds. They do
+not retry themselves: the beat already does, and a task retrying beside it would run
+twice as often during an outage. Celery's soft time limit stops the relay task like
+any other stop (``relay.Relay``): the delivered messages are marked, the rest handed
+back.
 """
 
 from __future__ import annotations
 
-from celery import current_app, shared_task  # type: ignore[import-untyped]
+import logging
 
-from django_idempotency import relay
+from celery import current_app, shared_task  # type: ignore[import-untyped]
+from celery.exceptions import SoftTimeLimitExceeded  # type: ignore[import-untyped]
+
+from django_idempotency import jobs, relay
 from django_idempotency.store.routing import all_databases
+
+_then = "the next run retries"
 
 
 @shared_task(name="django_idempotency.relay_outbox", ignore_result=True)  # type: ignore[untyped-decorator]
@@ -34,15 +49,31 @@ def relay_outbox(
         threads: handlers run at the same time (default: ``OUTBOX_RELAY_THREADS``).
 
     Returns:
-        The number of messages handled (sent, retried or dead-lettered).
+        The number of messages handled (sent, retried or dead-lettered). A database
+        that is unavailable is logged (once per outage) and counts 0.
+
+    Raises:
+        celery.exceptions.SoftTimeLimitExceeded: the task's soft time limit; what was
+            delivered is marked, the rest handed back.
     """
+    logger = logging.getLogger("django_idempotency.outbox")
     aliases = (using,) if using else all_databases()
-    return sum(
-        relay.deliver_due(
-            batch_size=batch_size, using=alias, max_batches=max_batches, threads=threads
-        )
-        for alias in aliases
-    )
+    total = 0
+    for alias in aliases:
+        outage = jobs.for_job("outbox relay task", alias, logger, then=_then)
+        try:
+            total += relay.deliver_due(
+                batch_size=batch_size,
+                using=alias,
+                max_batches=max_batches,
+                threads=threads,
+                stop_on=(SoftTimeLimitExceeded,),
+            )
+        except jobs.UNAVAILABLE as exc:
+            outage.failed(exc)
+            continue
+        outage.recovered()
+    return total
 
 
 def send_relay_task(using: str | None = None) -> bool:
@@ -75,10 +106,22 @@ def sweep(using: str | None = None, dry_run: bool = False) -> dict[str, object]:
 
     Returns:
         The sweep report as a JSON-serialisable dict (``SweepReport.as_dict``); with
-        several databases, ``{"databases": [report, ...]}``, one per alias.
+        several databases, ``{"databases": [report, ...]}``, one per alias. A database
+        that is unavailable has ``{"database": alias, "error": "..."}`` instead of its
+        report, and the outage is logged (once per outage).
     """
     from django_idempotency import retention
 
+    logger = logging.getLogger("django_idempotency")
     aliases = (using,) if using else all_databases()
-    reports = [retention.sweep(alias, dry_run=dry_run).as_dict() for alias in aliases]
+    reports: list[dict[str, object]] = []
+    for alias in aliases:
+        outage = jobs.for_job("idempotency sweep task", alias, logger, then=_then)
+        try:
+            reports.append(retention.sweep(alias, dry_run=dry_run).as_dict())
+        except jobs.UNAVAILABLE as exc:
+            outage.failed(exc)
+            reports.append({"database": alias, "error": f"{type(exc).__name__}: {exc}"})
+            continue
+        outage.recovered()
     return reports[0] if len(reports) == 1 else {"databases": reports}

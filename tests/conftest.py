@@ -22,6 +22,12 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=1.0,
         help="with --stress: multiply the concurrency tests' stress rounds (CI: < 1)",
     )
+    parser.addoption(
+        "--pg-restart",
+        action="store_true",
+        help="run the tests that restart the PostgreSQL server (pg_ctlcluster): they "
+        "disturb every other client of that server",
+    )
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -30,7 +36,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     on_postgres = settings.DATABASES["default"]["ENGINE"].endswith("postgresql")
     skip_pg = pytest.mark.skip(reason="needs PostgreSQL: set DATABASE_URL=postgres://...")
     skip_slow = pytest.mark.skip(reason="stress run: pass --stress")
+    skip_restart = pytest.mark.skip(reason="restarts PostgreSQL: pass --pg-restart")
     for item in items:
+        if "pg_restart" in item.keywords and not config.getoption("--pg-restart"):
+            item.add_marker(skip_restart)
         if "postgres" in item.keywords and not on_postgres:
             item.add_marker(skip_pg)
         if "slow" in item.keywords and not config.getoption("--stress"):

@@ -3,6 +3,8 @@ kill backends with, a router sending records to another alias, aliases made at r
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import threading
 import time
 import uuid
@@ -81,3 +83,77 @@ def unreachable(on_postgres: bool) -> dict[str, Any]:
     if on_postgres:
         return {"HOST": "127.0.0.1", "PORT": "1", "OPTIONS": {"connect_timeout": 5}}
     return {"NAME": "/nonexistent-dir/idempotency.sqlite3"}
+
+
+class Proxy:
+    """A TCP forwarder on 127.0.0.1 to the test database's server, to cut and restore.
+
+    ``cut()`` closes the listening socket and every connection through it (the server
+    seems gone: connections drop, new ones are refused), ``restore()`` listens again on
+    the same port. For processes that must ride out an outage of the database without
+    disturbing the real server, which other tests share.
+    """
+
+    def __init__(self) -> None:
+        s = connection.settings_dict
+        self.target = (s["HOST"] or "127.0.0.1", int(s["PORT"] or 5432))
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._listener: socket.socket | None = None
+        self.port = 0
+        self.restore()
+
+    def restore(self) -> None:
+        """Listen (again) on the proxy's port."""
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", self.port))
+        listener.listen(16)
+        self.port = listener.getsockname()[1]
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def cut(self) -> None:
+        """Stop listening and drop every connection through the proxy."""
+        with self._lock:
+            listener, self._listener = self._listener, None
+            sockets, self._sockets = self._sockets, []
+        for sock in [listener, *sockets]:
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while True:
+            try:
+                client, _address = listener.accept()
+            except OSError:
+                return  # cut
+            try:
+                upstream = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            upstream.settimeout(None)
+            with self._lock:
+                if self._listener is not listener:
+                    client.close()
+                    upstream.close()
+                    return
+                self._sockets += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for sock in (source, sink):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+                sock.close()

@@ -164,3 +164,37 @@ def test_the_package_does_not_need_celery():
     root = Path(__file__).resolve().parent.parent
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_soft_time_limit_stops_the_relay_task_with_nothing_left_unmarked(settings):
+    """Celery's soft time limit raised inside a handler ends the task: the message
+    delivered before is marked sent, the interrupted attempt is recorded as failed, the
+    rest of the batch is handed back due at once, and the task raises the limit."""
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    settings.IDEMPOTENCY = {"OUTBOX_KICK": False}
+    seen: list[int] = []
+
+    def handler(message: OutboxMessage, key: str) -> None:
+        seen.append(message.pk)
+        if len(seen) == 2:
+            raise SoftTimeLimitExceeded()
+
+    outbox.register("celery.limit")(handler)
+    try:
+        with transaction.atomic():
+            ids = [outbox.enqueue("celery.limit", {"n": n}).pk for n in range(4)]
+        with pytest.raises(SoftTimeLimitExceeded):
+            tasks.relay_outbox(batch_size=10)
+    finally:
+        outbox.unregister("celery.limit")
+    assert seen == ids[:2]
+    rows = OutboxMessage.objects.filter(pk__in=ids).order_by("pk")
+    assert list(rows.values_list("state", "attempts")) == [
+        (OutboxState.SENT, 1),
+        (OutboxState.PENDING, 1),
+        (OutboxState.PENDING, 0),
+        (OutboxState.PENDING, 0),
+    ]
+    assert "SoftTimeLimitExceeded" in rows[1].last_error

@@ -407,6 +407,63 @@ def test_a_message_on_its_last_attempt_is_not_buried_while_it_is_delivered(relay
     assert message.state == OutboxState.SENT, (message.state, message.last_error)
 
 
+def test_a_hand_back_after_the_lease_ran_out_leaves_the_next_relays_claim_alone(settings):
+    """Relay A blocks in its first handler past its lease; relay B claims A's batch
+    again. A, stopped, hands back the messages it did not start: B's claim of them
+    stands, so a third relay finds nothing due and B alone delivers them."""
+    settings.IDEMPOTENCY = {"OUTBOX_KICK": False}
+    with transaction.atomic():
+        ids = [outbox.enqueue("tests.handback", {"n": n}).pk for n in range(3)]
+    seen: list[tuple[str, int]] = []
+    entered = {"A": threading.Event(), "B": threading.Event()}
+    go = {"A": threading.Event(), "B": threading.Event()}
+
+    def handler(message: OutboxMessage, dedup_key: str) -> None:
+        who = threading.current_thread().name
+        seen.append((who, message.pk))
+        if who in entered and not entered[who].is_set():
+            entered[who].set()
+            assert go[who].wait(30)
+
+    first = relay.Relay(lease=30.0)
+    done: dict[str, int] = {}
+
+    def run(name: str, deliver: Any) -> threading.Thread:
+        def body() -> None:
+            try:
+                done[name] = deliver()
+            finally:
+                connections.close_all()
+
+        thread = threading.Thread(target=body, name=name)
+        thread.start()
+        return thread
+
+    outbox.register("tests.handback")(handler)
+    try:
+        a = run("A", lambda: first.deliver_batch(10))
+        assert entered["A"].wait(30)
+        with testing.travel(31):  # A's lease is over: B claims the batch again
+            b = run("B", lambda: relay.deliver_batch(10, lease=30.0))
+            assert entered["B"].wait(30)
+            first.stop()
+            go["A"].set()
+            a.join(30)
+            first.close()
+            assert done["A"] == 1
+            assert relay.deliver_batch(10) == 0  # B holds the rest
+            go["B"].set()
+            b.join(30)
+    finally:
+        for event in go.values():
+            event.set()
+        outbox.unregister("tests.handback")
+    assert done["B"] == 3
+    assert seen == [("A", ids[0]), ("B", ids[0]), ("B", ids[1]), ("B", ids[2])]
+    rows = OutboxMessage.objects.filter(pk__in=ids)
+    assert set(rows.values_list("state", "attempts")) == {(OutboxState.SENT, 2)}
+
+
 @pytest.mark.postgres
 def test_the_sweeper_creates_the_partitions_of_today_and_the_days_ahead():
     """After a sweep, today and each of ``PARTITIONS_AHEAD`` days ahead have their

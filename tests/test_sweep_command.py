@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -16,6 +17,11 @@ from django.db import connection
 from django_idempotency import retention, store, testing
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.store.schema import SWEEP_LOCK
+from tests.faults import wait_for
+from tests.test_relay_outages import outage_lines, proxy
+from tests.test_relay_stops import child
+
+__all__ = ["child", "proxy"]  # the fixtures, used here
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -235,3 +241,58 @@ def _waits_on_a_lock(pid: int) -> bool:
         cursor.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pid])
         row = cursor.fetchone()
     return row is not None and row[0] == "Lock"
+
+
+def sweeps(lines: list[str]) -> int:
+    """Sweeps the command reported: each ends with its sent-outbox line."""
+    return sum(line.endswith("sent outbox messages.") for line in lines)
+
+
+@pytest.mark.postgres
+def test_the_sweeper_loop_rides_out_a_database_outage(child, proxy):
+    """``idempotency_sweep --loop`` sweeps every ``--interval``; when the database goes
+    away it logs one error, retries with backoff, logs one line when it is back and
+    sweeps on; SIGTERM stops it with status 0."""
+    sweeper = child(
+        [],
+        "--loop",
+        "--interval",
+        "0.05",
+        env={
+            "COMMAND_NAME": "idempotency_sweep",
+            "RELAY_DB_PORT": str(proxy.port),
+            "RELAY_LOG": "DEBUG",
+        },
+    )
+    wait_for(lambda: sweeps(sweeper.lines) >= 2)  # it loops
+    proxy.cut()
+    sweeper.wait_for_log("still unavailable (try 2)")
+    before = sweeps(sweeper.lines)
+    proxy.restore()
+    sweeper.wait_for_log("available again")
+    wait_for(lambda: sweeps(sweeper.lines) > before)
+    sweeper.signal(signal.SIGTERM)
+    assert sweeper.exit_status() == 0, sweeper.stderr()
+    started, ended = outage_lines(sweeper.log)
+    assert len(started) == 1 and "idempotency sweep: database 'default' unavailable" in started[0]
+    assert started[0].startswith("ERROR ") and len(ended) == 1
+    assert "Traceback" not in sweeper.stderr()
+
+
+def test_the_sweeper_loop_stops_on_sigterm_between_sweeps(child):
+    """Waiting for its next sweep (an hour away), the loop exits 0 at once on SIGTERM."""
+    sweeper = child([], "--loop", env={"COMMAND_NAME": "idempotency_sweep"})
+    wait_for(lambda: sweeps(sweeper.lines) == 1)
+    sweeper.signal(signal.SIGTERM)
+    assert sweeper.exit_status() == 0, sweeper.stderr()
+    assert sweeps(sweeper.lines) == 1
+
+
+@pytest.mark.postgres
+def test_one_sweep_reports_an_unreachable_database_in_one_line(child, proxy):
+    """Without ``--loop`` (cron), an unreachable database is one line and status 1."""
+    proxy.cut()
+    sweeper = child([], env={"COMMAND_NAME": "idempotency_sweep", "RELAY_DB_PORT": str(proxy.port)})
+    assert sweeper.exit_status() == 1
+    assert "CommandError: database 'default' unavailable:" in sweeper.stderr()
+    assert "Traceback" not in sweeper.stderr()

@@ -48,6 +48,9 @@ PG, SQLITE = "pg", "sqlite"
 BOTH = (PG, SQLITE)
 
 GUARDS = "tests/test_protocol_guards.py"
+_MARKS = "tests/test_relay_marks.py"
+_STOPS = "tests/test_relay_stops.py"
+_OUTAGES = "tests/test_relay_outages.py"
 
 
 @dataclass(frozen=True)
@@ -1762,6 +1765,193 @@ MUTANTS: list[Mutant] = [
         "        return False\n",
         tests=(f"{DATABASES}::test_statements_that_write",),
         what="a procedural block (`BEGIN INSERT ...; END`, Oracle) read as transaction control",
+    ),
+    # relay.py, marks.py, jobs.py, the commands, tasks.py: how the relay stops and
+    # outlives the database
+    m(
+        "RL1",
+        "marks.py",
+        "            self._oldest = time.monotonic() - self.max_age  # due: they are old\n",
+        "            pass\n",
+        tests=(f"{_MARKS}::test_marks_retried_after_a_failed_write_keep_their_deadline",),
+        backends=(PG,),
+        what="marks retried after a failed write take the deadline of a newer group",
+    ),
+    m(
+        "RL2",
+        "relay.py",
+        "        # still this claim: every message of a batch got the same lease end\n"
+        "        available_at=clock.to_db(messages[0].available_at, connections[using]),\n",
+        "",
+        tests=(
+            f"{GUARDS}::"
+            "test_a_hand_back_after_the_lease_ran_out_leaves_the_next_relays_claim_alone",
+        ),
+        what="a hand-back after the relay's lease ended undoes another relay's claim",
+    ),
+    m(
+        "RL3",
+        "marks.py",
+        "                    failures += 1\n                    _close_connection(self.using)\n",
+        "                    failures += 1\n",
+        tests=(f"{_MARKS}::test_the_watchdog_reconnects_when_its_connection_dies",),
+        backends=(PG,),
+        what="the marks watchdog keeps retrying on its dead connection",
+    ),
+    m(
+        "RL4",
+        "relay.py",
+        "        _record(relay, outcomes)\n",
+        "",
+        tests=(
+            f"{_STOPS}::test_ctrl_c_while_the_relay_waits_on_its_pool_marks_what_the_pool_delivered",
+            f"{_STOPS}::"
+            "test_a_pool_handler_raising_system_exit_leaves_no_delivered_message_unmarked",
+        ),
+        what="a stopped pooled relay drops the outcomes of the handlers that finished",
+    ),
+    m(
+        "RL5",
+        "relay.py",
+        "        _hand_back_quietly(using, [*pool.cancel(), *claimed[index:]])\n",
+        "        pool.cancel()\n",
+        tests=(
+            f"{_STOPS}::test_ctrl_c_while_the_relay_waits_on_its_pool_marks_what_the_pool_delivered",
+            f"{_STOPS}::"
+            "test_a_pool_handler_raising_system_exit_leaves_no_delivered_message_unmarked",
+        ),
+        what="a stopped pooled relay keeps what it did not start leased until the lease ends",
+    ),
+    m(
+        "RL6",
+        "relay.py",
+        "        _hand_back_quietly(using, claimed[begun:])\n",
+        "",
+        tests=(
+            f"{_STOPS}::test_a_second_sigterm_stops_the_relay_at_once",
+            f"{_STOPS}::test_a_soft_time_limit_inside_a_handler_stops_the_batch",
+        ),
+        what="a stopped inline relay keeps what it did not start leased until the lease ends",
+    ),
+    m(
+        "RL7",
+        "relay.py",
+        "            if relay.stopping or time.monotonic() - started > lease / 2:\n",
+        "            if time.monotonic() - started > lease / 2:\n",
+        tests=(
+            f"{_STOPS}::test_sigterm_stops_the_relay_after_its_running_handlers_and_marks_them",
+            f"{_STOPS}::test_stop_from_another_thread_ends_the_batch_after_the_running_handler",
+        ),
+        what="Relay.stop() (SIGTERM) ignored by the inline relay: the batch goes on",
+    ),
+    m(
+        "RL8",
+        "relay.py",
+        "            if index < len(claimed) and (relay.stopping or time.monotonic() - started > "
+        "lease / 2):\n",
+        "            if index < len(claimed) and (time.monotonic() - started > lease / 2):\n",
+        tests=(
+            f"{_STOPS}::test_sigterm_stops_the_relay_after_its_running_handlers_and_marks_them",
+        ),
+        what="Relay.stop() (SIGTERM) ignored by the pooled relay: the batch goes on",
+    ),
+    m(
+        "RL9",
+        "relay.py",
+        "            pool.wake()  # the relay's thread may be waiting for a handler's outcome\n",
+        "            pass\n",
+        tests=(
+            f"{_STOPS}::test_sigterm_stops_the_relay_after_its_running_handlers_and_marks_them",
+        ),
+        what="Relay.stop() does not wake a pooled relay: the rest is handed back only later",
+    ),
+    m(
+        "RL10",
+        "jobs.py",
+        "            raise _Idle\n",
+        "            pass\n",
+        tests=(
+            f"{_STOPS}::test_sigterm_ends_the_wait_between_polls_at_once",
+            "tests/test_sweep_command.py::test_the_sweeper_loop_stops_on_sigterm_between_sweeps",
+        ),
+        what="SIGTERM waits for the end of the poll interval (a container stop times out)",
+    ),
+    m(
+        "RL11",
+        "management/commands/idempotency_relay.py",
+        "                        except UNAVAILABLE as exc:\n"
+        "                            if once:\n",
+        "                        except () as exc:\n                            if once:\n",
+        tests=(
+            f"{_OUTAGES}::test_the_relay_command_rides_out_a_database_outage",
+            f"{_OUTAGES}::test_the_relay_command_starts_before_the_database_is_up",
+        ),
+        backends=(PG,),
+        what="the relay command exits on the first database outage",
+    ),
+    m(
+        "RL12",
+        "jobs.py",
+        "        if self.failures == 1:\n",
+        "        if True:\n",
+        tests=(
+            f"{_OUTAGES}::test_the_relay_command_rides_out_a_database_outage",
+            "tests/test_sweep_command.py::test_the_sweeper_loop_rides_out_a_database_outage",
+        ),
+        backends=(PG,),
+        what="an outage logged as an error at every retry",
+    ),
+    m(
+        "RL13",
+        "tasks.py",
+        "        except jobs.UNAVAILABLE as exc:\n"
+        "            outage.failed(exc)\n            continue\n"
+        "        outage.recovered()\n    return total\n",
+        "        except () as exc:\n            outage.failed(exc)\n            continue\n"
+        "        outage.recovered()\n    return total\n",
+        tests=(f"{_OUTAGES}::test_the_relay_task_logs_an_outage_once_and_the_next_run_delivers",),
+        backends=(PG,),
+        what="the relay task raises a traceback on every run during an outage",
+    ),
+    m(
+        "RL14",
+        "management/commands/idempotency_sweep.py",
+        "                        except UNAVAILABLE as exc:\n",
+        "                        except () as exc:\n",
+        tests=("tests/test_sweep_command.py::test_the_sweeper_loop_rides_out_a_database_outage",),
+        backends=(PG,),
+        what="the sweeper loop exits on the first database outage",
+    ),
+    m(
+        "RL15",
+        "relay.py",
+        "                if error is not None:\n"
+        "                    _discard_broken_connections()\n",
+        "",
+        tests=(f"{_OUTAGES}::test_a_handler_whose_session_dies_fails_alone[2]",),
+        backends=(PG,),
+        what="a pool thread hands a dead connection to every later handler",
+    ),
+    m(
+        "RL16",
+        "relay.py",
+        "            if error is not None or connections[using].errors_occurred:\n"
+        "                _discard_broken_connections()\n",
+        "",
+        tests=(f"{_OUTAGES}::test_a_handler_whose_session_dies_fails_alone[1]",),
+        backends=(PG,),
+        what="an inline handler's dead session fails the relay's own writes after it",
+    ),
+    m(
+        "RL17",
+        "tasks.py",
+        "                stop_on=(SoftTimeLimitExceeded,),\n",
+        "",
+        tests=(
+            "tests/test_celery_relay.py::"
+            "test_the_soft_time_limit_stops_the_relay_task_with_nothing_left_unmarked",
+        ),
+        what="the relay task goes on delivering past its soft time limit",
     ),
 ]
 

@@ -1,7 +1,15 @@
-"""``manage.py idempotency_relay``: deliver outbox messages without Celery."""
+"""``manage.py idempotency_relay``: deliver outbox messages without Celery (docs/outbox.md).
+
+The loop outlives the database: an outage (``django_idempotency.jobs``) is logged
+once when it starts and once when it ends, the relay retries with backoff and goes
+on. ``SIGTERM`` (``kill``, a container stop) is a graceful stop: the handlers running
+finish, what was delivered is marked, the rest of the batch is handed back, and the
+command exits 0; a second ``SIGTERM`` stops it at once, as Ctrl-C does.
+"""
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -11,7 +19,10 @@ from django.utils.translation import ngettext
 
 from django_idempotency import relay
 from django_idempotency.conf import conf
+from django_idempotency.jobs import UNAVAILABLE, GracefulStop, Outage
 from django_idempotency.store.routing import all_databases
+
+logger = logging.getLogger("django_idempotency.outbox")
 
 
 class Command(BaseCommand):
@@ -19,7 +30,8 @@ class Command(BaseCommand):
 
     help = (
         "Deliver due outbox messages. With --once, deliver everything due now and exit; "
-        "otherwise poll every --interval seconds until stopped (or --max-iterations)."
+        "otherwise poll every --interval seconds until stopped (SIGTERM, Ctrl-C) or "
+        "--max-iterations, riding out database outages with backoff."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:  # noqa: D102
@@ -74,30 +86,87 @@ class Command(BaseCommand):
         if limit is not None and limit < 1:
             raise CommandError("--max-iterations must be at least 1.")
         aliases = (options["database"],) if options["database"] else all_databases()
-        total = iterations = 0
+        once = options["once"]
         # One relay per database for the whole run: a batch's marks are written while
         # the next batch is claimed (docs/outbox.md, "Marks").
-        relays = [relay.Relay(alias, threads=threads) for alias in aliases]
+        relays = {alias: relay.Relay(alias, threads=threads) for alias in aliases}
+        outages = {alias: Outage("outbox relay", alias, logger) for alias in aliases}
+        unavailable: dict[str, BaseException] = {}  # --once: databases given up on
+        stop = GracefulStop(*(each.stop for each in relays.values()))
+        iterations = 0
         try:
-            while limit is None or iterations < limit:
-                handled = [each.deliver_batch(batch_size) for each in relays]
-                total += sum(handled)
-                iterations += 1
-                if all(count < batch_size for count in handled):  # drained for now
-                    if options["once"]:
+            with stop:
+                while not stop.requested and (limit is None or iterations < limit):
+                    now = time.monotonic()
+                    ready = [
+                        alias
+                        for alias in relays
+                        if alias not in unavailable and outages[alias].retry_at <= now
+                    ]
+                    if not ready:
+                        if len(unavailable) == len(relays):
+                            break
+                        stop.sleep(min(o.retry_at for o in outages.values() if o.down) - now)
+                        continue
+                    ran = full = False
+                    for alias in ready:
+                        try:
+                            handled = relays[alias].deliver_batch(batch_size)
+                        except UNAVAILABLE as exc:
+                            if once:
+                                unavailable[alias] = exc
+                            else:
+                                outages[alias].failed(exc)
+                            continue
+                        outages[alias].recovered()
+                        ran = True
+                        full = full or handled >= batch_size
+                    if ran:
+                        iterations += 1
+                    if full or stop.requested:
+                        continue  # batches back to back while they come back full
+                    if once or (limit is not None and iterations >= limit):
                         break
-                    if limit is None or iterations < limit:
-                        for each in relays:
-                            each.close()  # nothing left pending while it sleeps
-                        time.sleep(options["interval"])  # poll interval, not sync
+                    # Drained for now: nothing left pending while it sleeps.
+                    for alias, each in relays.items():
+                        if not outages[alias].down:
+                            try:
+                                each.close()
+                            except UNAVAILABLE as exc:
+                                outages[alias].failed(exc)
+                    pause = options["interval"]
+                    down = [o for o in outages.values() if o.down]
+                    if down:
+                        pause = min(pause, min(o.retry_at for o in down) - time.monotonic())
+                    stop.sleep(pause)  # poll interval or backoff, not synchronisation
         except KeyboardInterrupt:
             pass
         finally:
-            for each in relays:
-                each.close()
+            unmarked = self._close(relays)
+        if stop.requested:
+            logger.info("outbox relay stopped on SIGTERM")
+        total = sum(each.handled for each in relays.values())
         self.stdout.write(
             ngettext(
                 "Handled %(count)d outbox message.", "Handled %(count)d outbox messages.", total
             )
             % {"count": total}
         )
+        problems = [f"database {alias!r} unavailable: {exc}" for alias, exc in unavailable.items()]
+        problems += [
+            f"database {alias!r}: {count} delivered message(s) not marked sent, delivered "
+            f"again after the relay lease: {exc}"
+            for alias, (count, exc) in unmarked.items()
+        ]
+        if problems:
+            raise CommandError("; ".join(problems))
+
+    def _close(self, relays: dict[str, relay.Relay]) -> dict[str, tuple[int, BaseException]]:
+        """Close every relay (its last marks); the marks the database refused, by alias."""
+        unmarked: dict[str, tuple[int, BaseException]] = {}
+        for alias, each in relays.items():
+            try:
+                each.close()
+            except UNAVAILABLE as exc:
+                unmarked[alias] = (each.unmarked, exc)
+        return unmarked

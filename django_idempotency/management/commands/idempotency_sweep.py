@@ -1,7 +1,14 @@
-"""``manage.py idempotency_sweep``: the retention sweeper without Celery (docs/retention.md)."""
+"""``manage.py idempotency_sweep``: the retention sweeper without Celery (docs/retention.md).
+
+One sweep by default (cron); with ``--loop``, a sweep every ``--interval`` seconds
+until ``SIGTERM`` or Ctrl-C, riding out database outages as the relay command does
+(``django_idempotency.jobs``).
+"""
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -9,7 +16,10 @@ from django.db import connections
 from django.utils.translation import ngettext
 
 from django_idempotency import retention
+from django_idempotency.jobs import UNAVAILABLE, GracefulStop, Outage
 from django_idempotency.store.routing import all_databases
+
+logger = logging.getLogger("django_idempotency")
 
 
 class Command(BaseCommand):
@@ -21,7 +31,9 @@ class Command(BaseCommand):
         "PostgreSQL table it creates the partitions ahead and drops whole past days "
         "(keeping a day while a record in it is still live); elsewhere it deletes in "
         "batches. Safe to run twice "
-        "at once and to re-run. With --dry-run it only reports what it would do."
+        "at once and to re-run. With --dry-run it only reports what it would do. With "
+        "--loop it sweeps every --interval seconds until stopped (SIGTERM, Ctrl-C), "
+        "riding out database outages with backoff."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:  # noqa: D102
@@ -37,14 +49,63 @@ class Command(BaseCommand):
             help="Database alias (default: each alias of the IDEMPOTENCY DATABASES "
             "setting, else the router's choice).",
         )
+        parser.add_argument(
+            "--loop",
+            action="store_true",
+            help="Sweep again every --interval seconds until stopped (SIGTERM, Ctrl-C), "
+            "for a deployment with neither cron nor Celery beat.",
+        )
+        parser.add_argument(
+            "--interval",
+            type=float,
+            default=3600.0,
+            help="With --loop: seconds from one sweep of a database to the next (default 3600).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:  # noqa: D102
         aliases = (options["database"],) if options["database"] else all_databases()
+        if options["interval"] <= 0:
+            raise CommandError("--interval must be more than 0 seconds.")
+        if options["loop"]:
+            self._loop(aliases, options["dry_run"], options["interval"])
+            return
         failed = False
         for alias in aliases:
-            failed = self._sweep(alias, options["dry_run"]) or failed
+            try:
+                failed = self._sweep(alias, options["dry_run"]) or failed
+            except UNAVAILABLE as exc:
+                raise CommandError(f"database {alias!r} unavailable: {exc}") from exc
         if failed:
             raise CommandError("Some partitions could not be dropped; run the sweep again.")
+
+    def _loop(self, aliases: tuple[str, ...], dry_run: bool, interval: float) -> None:
+        """Sweep each database every ``interval`` seconds until SIGTERM or Ctrl-C.
+
+        A partition that could not be dropped is reported and tried again by the next
+        sweep; an unavailable database is logged once and retried with backoff.
+        """
+        outages = {alias: Outage("idempotency sweep", alias, logger) for alias in aliases}
+        due = dict.fromkeys(aliases, 0.0)  # time.monotonic() of each database's next sweep
+        stop = GracefulStop()
+        try:
+            with stop:
+                while not stop.requested:
+                    for alias in aliases:
+                        if stop.requested or due[alias] > time.monotonic():
+                            continue
+                        try:
+                            self._sweep(alias, dry_run)
+                        except UNAVAILABLE as exc:
+                            outages[alias].failed(exc)
+                            due[alias] = outages[alias].retry_at
+                            continue
+                        outages[alias].recovered()
+                        due[alias] = time.monotonic() + interval
+                    stop.sleep(min(due.values()) - time.monotonic())  # the interval, not sync
+        except KeyboardInterrupt:
+            pass
+        if stop.requested:
+            logger.info("idempotency sweep stopped on SIGTERM")
 
     def _sweep(self, alias: str, dry_run: bool) -> bool:
         """Sweep one database and report it; whether a partition could not be dropped."""
