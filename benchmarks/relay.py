@@ -136,7 +136,7 @@ def fill(messages: int) -> None:
 
 def drain(batch_size: int, threads: int, max_seconds: float) -> int:
     """One relay until nothing is due (or ``max_seconds``); returns messages handled."""
-    from django_idempotency import relay
+    from django_idempotency.outbox import relay
 
     delivered = 0
     started = time.perf_counter()

@@ -17,9 +17,11 @@ from django.utils.html import format_html
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
-from django_idempotency import outbox, relay, store
+from django_idempotency import outbox, store
 from django_idempotency.admin_actions import RecordActionsMixin
 from django_idempotency.models import IdempotencyRecord, OutboxMessage, OutboxState, RecordState
+from django_idempotency.outbox import claim
+from django_idempotency.store.routing import outbox_database
 
 #: Longest key shown in full in the record list (the detail page shows it all).
 _KEY_LIST_CHARS = 40
@@ -190,9 +192,9 @@ class OutboxMessageAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         """Dead messages back to pending: attempts 0, due now; the relay is kicked."""
         # The UPDATE goes to the router's write database even when the changelist was
         # read from a replica; the relay kicked must work on that database too.
-        using = queryset._db or outbox.database_for_write()
+        using = queryset._db or outbox_database()
         count = queryset.filter(state=OutboxState.DEAD).update(
-            state=OutboxState.PENDING, attempts=0, available_at=relay.now(using)
+            state=OutboxState.PENDING, attempts=0, available_at=claim.now(using)
         )
         if count:
             outbox.kick(using)

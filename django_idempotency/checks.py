@@ -168,8 +168,7 @@ def check_production_database(
         return []
     from django.db import connections
 
-    from django_idempotency.outbox import database_for_write as outbox_database
-    from django_idempotency.store import database_for_write as record_database
+    from django_idempotency.store.routing import outbox_database, record_database
 
     warnings: list[CheckMessage] = []
     for alias in sorted({record_database(), outbox_database()}):
@@ -196,9 +195,10 @@ def check_isolation_level(
     """W006: the records' database runs above READ COMMITTED (docs/retention.md)."""
     from django.db import connections
 
-    from django_idempotency.store import database_for_write, stricter_than_read_committed
+    from django_idempotency.store import stricter_than_read_committed
+    from django_idempotency.store.routing import record_database
 
-    alias = database_for_write()
+    alias = record_database()
     if not stricter_than_read_committed(connections[alias]):
         return []
     return [

@@ -1,7 +1,7 @@
 """Metrics hooks (docs/observability.md): counters fed by the signals, outbox gauges.
 
 A *sink* receives every metric event; :func:`connect` wires one to the signals of
-``django_idempotency.signals`` (requests) and ``django_idempotency.relay`` (outbox).
+``django_idempotency.signals`` (requests and the outbox's relay).
 The app ships :class:`InMemoryMetrics` (tests, debugging) and a Prometheus sink
 (``django_idempotency.contrib.prometheus``); an OpenTelemetry sink is ten lines
 (docs/observability.md). Labels are bounded: the endpoint (``"POST /v1/workers"``,
@@ -25,6 +25,7 @@ from django.dispatch import Signal
 
 from django_idempotency import signals
 from django_idempotency.store import clock
+from django_idempotency.store.routing import outbox_database
 
 logger = logging.getLogger("django_idempotency.metrics")
 
@@ -149,8 +150,6 @@ def _events(kwargs: Mapping[str, Any], signal_name: str) -> list[tuple[Metric, d
 
 
 def _signals() -> dict[str, Signal]:
-    from django_idempotency import relay
-
     found = {
         name: getattr(signals, name)
         for name in (
@@ -166,9 +165,9 @@ def _signals() -> dict[str, Signal]:
         )
     }
     found.update(
-        outbox_delivered=relay.delivered,
-        outbox_failed=relay.failed,
-        outbox_dead=relay.dead_lettered,
+        outbox_delivered=signals.outbox_delivered,
+        outbox_failed=signals.outbox_failed,
+        outbox_dead=signals.outbox_dead_lettered,
     )
     return found
 
@@ -292,10 +291,9 @@ def outbox_stats(using: str | None = None) -> OutboxStats:
         django.db.DatabaseError: the database failed (the caller decides; the
             Prometheus collector skips the gauges for that scrape).
     """
-    from django_idempotency import outbox
     from django_idempotency.models import OutboxMessage, OutboxState
 
-    using = using or outbox.database_for_write()
+    using = using or outbox_database()
     connection = connections[using]
     if connection.vendor == "postgresql":
         now = "(statement_timestamp() + %(offset)s * interval '1 second')"

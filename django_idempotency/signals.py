@@ -6,6 +6,9 @@ key, ``django_idempotency.logging.key_hash``); some add more, listed below. Rece
 must be cheap and must not raise: they run on the request path. Keys are never sent.
 The app's own receivers: structured logs (``logging.py``, always connected) and
 metrics (``metrics.connect(sink)``, opt-in).
+
+The outbox's signals (``outbox_*``, at the end) are sent by the relay with ``sender`` =
+the message's topic and the keyword arguments listed with each.
 """
 
 from __future__ import annotations
@@ -39,3 +42,14 @@ released = Signal()
 completed = Signal()
 #: The store failed while claiming or completing: 503 (``error``: the exception).
 store_failed = Signal()
+
+#: An outbox message was delivered and marked sent: ``message_id``, ``attempts`` and
+#: ``lag`` (seconds from ``created_at`` to now), for the delivery-lag metric
+#: (docs/observability.md).
+outbox_delivered = Signal()
+#: An outbox delivery failed and will be retried: ``message_id``, ``attempts``,
+#: ``error``, ``retry_in`` (seconds).
+outbox_failed = Signal()
+#: An outbox delivery failed for the last time; the message is ``dead``:
+#: ``message_id``, ``attempts``, ``error`` (``None`` when the attempt never reported back).
+outbox_dead_lettered = Signal()

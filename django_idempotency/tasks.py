@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import logging
 
-from celery import current_app, shared_task  # type: ignore[import-untyped]
+from celery import shared_task  # type: ignore[import-untyped]
 from celery.exceptions import SoftTimeLimitExceeded  # type: ignore[import-untyped]
 
-from django_idempotency import jobs, relay
+from django_idempotency.management import jobs
+from django_idempotency.outbox import relay
 from django_idempotency.store.routing import all_databases
 
 _then = "the next run retries"
@@ -74,25 +75,6 @@ def relay_outbox(
             continue
         outage.recovered()
     return total
-
-
-def send_relay_task(using: str | None = None) -> bool:
-    """Send :func:`relay_outbox` to the broker now, if a Celery app is configured.
-
-    "Configured" means the current Celery app has a ``broker_url``: a project that
-    installed Celery without setting up an app is left alone. The message is sent
-    without Celery's publish retries, so a broker that is down fails fast.
-
-    Returns:
-        Whether the task was sent.
-
-    Raises:
-        Exception: whatever the broker client raised (``outbox.kick`` logs it).
-    """
-    if not current_app.conf.broker_url:
-        return False
-    relay_outbox.apply_async(kwargs={"using": using}, retry=False)
-    return True
 
 
 @shared_task(name="django_idempotency.sweep", ignore_result=True)  # type: ignore[untyped-decorator]

@@ -14,9 +14,10 @@ import pytest
 from django.db import DatabaseError, transaction
 from django.test import override_settings
 
-from django_idempotency import metrics, outbox, relay, signals
+from django_idempotency import metrics, outbox, signals
 from django_idempotency.metrics import InMemoryMetrics
 from django_idempotency.models import OutboxMessage, OutboxState
+from django_idempotency.outbox import relay
 from django_idempotency.testing import travel
 from tests.conftest import client_for
 from tests.testapp.gates import HOOKS

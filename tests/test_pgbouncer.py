@@ -22,8 +22,9 @@ import psycopg
 import pytest
 from django.db import DatabaseError, connection, connections, transaction
 
-from django_idempotency import outbox, relay, retention, store, testing
+from django_idempotency import outbox, retention, store, testing
 from django_idempotency.models import IdempotencyRecord
+from django_idempotency.outbox import relay
 from django_idempotency.store.schema import SWEEP_LOCK
 from tests.concurrency import Runner
 from tests.pgbouncer import pgbouncer_port

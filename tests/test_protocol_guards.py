@@ -21,8 +21,9 @@ from typing import Any
 import pytest
 from django.db import connection, connections, transaction
 
-from django_idempotency import outbox, relay, store, testing
+from django_idempotency import outbox, store, testing
 from django_idempotency.models import IdempotencyRecord, OutboxMessage, OutboxState
+from django_idempotency.outbox import relay
 from django_idempotency.store import claims as store_claims
 from django_idempotency.store import clock
 from django_idempotency.store.sql import PG_EXTEND_SQL

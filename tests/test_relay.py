@@ -13,8 +13,10 @@ from django.db import connection, transaction
 from django.test import override_settings
 from django.utils import timezone
 
-from django_idempotency import outbox, relay
+from django_idempotency import outbox, signals
+from django_idempotency.conf import conf
 from django_idempotency.models import OutboxMessage, OutboxState
+from django_idempotency.outbox import relay
 from django_idempotency.store import clock
 from django_idempotency.testing import travel
 
@@ -154,11 +156,11 @@ def test_failing_handler_backs_off_then_dead_letters(recorder):
 
 
 def test_backoff_grows_exponentially_to_the_cap_with_full_jitter():
-    top = [relay.backoff(n, base=2, cap=50, rand=lambda: 1.0) for n in range(1, 8)]
+    top = [outbox.backoff(n, base=2, cap=50, rand=lambda: 1.0) for n in range(1, 8)]
     assert top == [2, 4, 8, 16, 32, 50, 50]
-    assert relay.backoff(5, base=2, cap=50, rand=lambda: 0.0) == 0
-    assert relay.backoff(3, base=2, cap=50, rand=lambda: 0.25) == 2
-    samples = [relay.backoff(4, base=2, cap=50) for _ in range(200)]
+    assert outbox.backoff(5, base=2, cap=50, rand=lambda: 0.0) == 0
+    assert outbox.backoff(3, base=2, cap=50, rand=lambda: 0.25) == 2
+    samples = [outbox.backoff(4, base=2, cap=50) for _ in range(200)]
     assert all(0 <= s <= 16 for s in samples)
     assert len(set(samples)) > 100  # jittered, not a constant
 
@@ -186,7 +188,7 @@ def test_a_relay_whose_lease_ran_out_is_fenced_off(recorder, caplog):
     outcomes: list[int] = []
 
     def second_relay(_message: OutboxMessage) -> None:
-        with travel(relay.conf.outbox_relay_lease + 1):
+        with travel(conf.outbox_relay_lease + 1):
             outcomes.append(relay.deliver_batch())
 
     recorder.during = second_relay
@@ -218,9 +220,9 @@ def test_signals_report_lag_failures_and_dead_letters(recorder):
         "failed": listen("failed"),
         "dead": listen("dead"),
     }
-    relay.delivered.connect(receivers["delivered"])
-    relay.failed.connect(receivers["failed"])
-    relay.dead_lettered.connect(receivers["dead"])
+    signals.outbox_delivered.connect(receivers["delivered"])
+    signals.outbox_failed.connect(receivers["failed"])
+    signals.outbox_dead_lettered.connect(receivers["dead"])
     try:
         enqueue(1)
         relay.deliver_batch()
@@ -231,9 +233,9 @@ def test_signals_report_lag_failures_and_dead_letters(recorder):
             with travel(10**5):
                 relay.deliver_batch()
     finally:
-        relay.delivered.disconnect(receivers["delivered"])
-        relay.failed.disconnect(receivers["failed"])
-        relay.dead_lettered.disconnect(receivers["dead"])
+        signals.outbox_delivered.disconnect(receivers["delivered"])
+        signals.outbox_failed.disconnect(receivers["failed"])
+        signals.outbox_dead_lettered.disconnect(receivers["dead"])
     assert [name for name, _ in events] == ["delivered", "failed", "dead"]
     assert events[0][1]["topic"] == "test.topic"
     assert events[0][1]["lag"] >= 0

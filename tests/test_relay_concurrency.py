@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 from django.db import connection, transaction
 
-from django_idempotency import outbox, relay
+from django_idempotency import outbox
 from django_idempotency.models import OutboxMessage, OutboxState
+from django_idempotency.outbox import relay
 from django_idempotency.testing import travel
 from tests.concurrency import Runner
 
@@ -138,7 +139,8 @@ django.setup()
 from django.db import connections
 
 connections["default"].settings_dict["NAME"] = sys.argv[1]
-from django_idempotency import outbox, relay
+from django_idempotency import outbox
+from django_idempotency.outbox import relay
 
 
 @outbox.handler("kill.topic")
@@ -205,7 +207,8 @@ from django.db import connections
 
 connections["default"].settings_dict["NAME"] = sys.argv[1]
 settings.IDEMPOTENCY = {"OUTBOX_KICK": False}
-from django_idempotency import outbox, relay
+from django_idempotency import outbox
+from django_idempotency.outbox import relay
 
 log, threads = sys.argv[2], int(sys.argv[3])
 

@@ -15,8 +15,9 @@ import pytest
 from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
-from django_idempotency import outbox, relay
+from django_idempotency import outbox, signals
 from django_idempotency.models import OutboxMessage, OutboxState
+from django_idempotency.outbox import relay
 from django_idempotency.testing import travel
 from tests.faults import admin_connection, terminate, wait_for
 
@@ -62,14 +63,14 @@ def test_the_writer_marks_a_batch_while_the_next_one_is_claimed(noop, settings):
     settings.IDEMPOTENCY = {"OUTBOX_KICK": False}
     ids = enqueue(30, "marks.noop")
     sent_by: list[str] = []
-    relay.delivered.connect(
+    signals.outbox_delivered.connect(
         receiver := lambda sender, **kw: sent_by.append(threading.current_thread().name)
     )
     try:
         with relay.Relay() as one:
             assert [one.deliver_batch(10) for _ in range(4)] == [10, 10, 10, 0]
     finally:
-        relay.delivered.disconnect(receiver)
+        signals.outbox_delivered.disconnect(receiver)
     assert sorted(noop) == ids
     assert len(sent_by) == 30
     assert "outbox-marks-writer" in sent_by  # at least one group was written there
@@ -115,7 +116,8 @@ from django.db import connections
 connections["default"].settings_dict["NAME"] = sys.argv[1]
 # Marks wait for the end of the batch: the delivered ones are pending when killed.
 settings.IDEMPOTENCY = {"OUTBOX_KICK": False, "OUTBOX_MARK_DELAY": 3600.0}
-from django_idempotency import outbox, relay
+from django_idempotency import outbox
+from django_idempotency.outbox import relay
 
 block = int(sys.argv[2])
 
@@ -234,7 +236,7 @@ def test_the_watchdog_reconnects_when_its_connection_dies(settings, caplog):
             proceed.wait(30)
 
     outbox.register("marks.dies")(handler)
-    relay.delivered.connect(on_delivered)
+    signals.outbox_delivered.connect(on_delivered)
     batches = Batches(1, 10)
     try:
         batches.start()
@@ -243,7 +245,7 @@ def test_the_watchdog_reconnects_when_its_connection_dies(settings, caplog):
     finally:
         proceed.set()
         batches.join(30)
-        relay.delivered.disconnect(on_delivered)
+        signals.outbox_delivered.disconnect(on_delivered)
         outbox.unregister("marks.dies")
     assert batches.error is None
     assert sent(ids)

@@ -25,8 +25,9 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.db import DatabaseError, connection, transaction
 
-from django_idempotency import relay, tasks
+from django_idempotency import tasks
 from django_idempotency.models import OutboxMessage
+from django_idempotency.outbox import relay
 from tests.faults import Proxy, extra_alias, terminate, unreachable, wait_for
 from tests.test_relay_stops import PENDING, SENT, child, enqueue, states
 

@@ -12,8 +12,9 @@ import pytest
 from django.core.management import call_command
 from django.db import connections, transaction
 
-from django_idempotency import outbox, relay
+from django_idempotency import outbox
 from django_idempotency.models import OutboxMessage, OutboxState
+from django_idempotency.outbox import relay
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 from django.db import connection, transaction
 
-from django_idempotency import outbox, relay
+from django_idempotency import outbox
 from django_idempotency.models import OutboxMessage, OutboxState
+from django_idempotency.outbox import relay
 from tests.faults import wait_for
 from tests.test_relay import db_now
 

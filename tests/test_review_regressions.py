@@ -8,9 +8,10 @@ import uuid
 import pytest
 from django.db import connections, transaction
 
-from django_idempotency import outbox, relay, store
+from django_idempotency import outbox, signals, store
 from django_idempotency.conf import conf
 from django_idempotency.models import IdempotencyRecord, OutboxMessage, OutboxState
+from django_idempotency.outbox import relay
 from django_idempotency.testing import travel
 from tests.concurrency import token_client
 from tests.factories import TokenFactory
@@ -68,7 +69,7 @@ def test_a_slow_handler_does_not_make_delivered_messages_claimable_again():
             marked.set()
 
     outbox.register("tests.slow")(handler)
-    relay.delivered.connect(on_delivered)
+    signals.outbox_delivered.connect(on_delivered)
     try:
         with transaction.atomic():
             for n in range(3):
@@ -94,7 +95,7 @@ def test_a_slow_handler_does_not_make_delivered_messages_claimable_again():
         assert delivered_again == [2], seen
     finally:
         proceed.set()
-        relay.delivered.disconnect(on_delivered)
+        signals.outbox_delivered.disconnect(on_delivered)
         outbox.unregister("tests.slow")
 
 

@@ -17,9 +17,10 @@ from django.db import transaction
 from django.test import RequestFactory
 from rest_framework.test import APIClient
 
-from django_idempotency import outbox, relay, retention, store, testing
+from django_idempotency import outbox, retention, store, testing
 from django_idempotency.admin import OutboxMessageAdmin
 from django_idempotency.models import IdempotencyRecord, OutboxMessage, OutboxState
+from django_idempotency.outbox import relay
 from tests.factories import UserFactory
 from tests.testapp.models import Widget
 

@@ -29,8 +29,9 @@ from django.core.management import call_command
 from django.db import connection, transaction
 from django.test import override_settings
 
-from django_idempotency import outbox, relay, retention, store
+from django_idempotency import outbox, retention, store
 from django_idempotency.models import IdempotencyRecord, OutboxMessage, OutboxState
+from django_idempotency.outbox import relay
 from django_idempotency.store import clock
 
 pytestmark = pytest.mark.django_db(transaction=True)

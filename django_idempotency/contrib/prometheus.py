@@ -147,9 +147,9 @@ class OutboxCollector(Collector):
             return iter(())
         finally:
             if self.close_connection:
-                from django_idempotency.outbox import database_for_write
+                from django_idempotency.store.routing import outbox_database
 
-                connection = connections[self.using or database_for_write()]
+                connection = connections[self.using or outbox_database()]
                 if not connection.in_atomic_block:
                     connection.close()
         return iter(self._families(stats))

@@ -25,6 +25,7 @@ from django_idempotency.logging import key_hash
 from django_idempotency.protocol.begin import fit
 from django_idempotency.protocol.context import IdempotencyContext, running
 from django_idempotency.store import presence
+from django_idempotency.store.routing import record_database
 from django_idempotency.transactions import write_guard
 
 logger = logging.getLogger("django_idempotency")
@@ -189,7 +190,7 @@ def once(
     fp = payload_fingerprint(payload)
     lease = conf.lease if lease is None else float(lease)
     retention = conf.retention if retention is None else float(retention)
-    using = using or store.database_for_write()
+    using = using or record_database()
     outer = running(scope, using)
     if outer is not None:
         # Called by the running block (or view) that claimed this very scope: part of

@@ -13,6 +13,7 @@ from django.db import transaction
 
 from django_idempotency import store
 from django_idempotency.protocol import phases as _phases
+from django_idempotency.store.routing import record_database
 
 _current: ContextVar[IdempotencyContext | None] = ContextVar(
     "django_idempotency_context", default=None
@@ -224,7 +225,7 @@ class UnprotectedContext:
         """Run the block in its own transaction, like a phase, recording nothing."""
         self.open_phase = name
         try:
-            with transaction.atomic(using=self.using or store.database_for_write()):
+            with transaction.atomic(using=self.using or record_database()):
                 yield
         finally:
             self.open_phase = ""

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from django_idempotency.store.claims import claim
     from django_idempotency.store.isolation import own_transaction, stricter_than_read_committed
     from django_idempotency.store.operators import end_leases, forget_responses, peek
-    from django_idempotency.store.rows import database_for_write, fetch
+    from django_idempotency.store.rows import fetch
     from django_idempotency.store.settle import (
         abandon,
         advance,
@@ -69,7 +69,6 @@ __all__ = [
     "claim",
     "commits_with_completion",
     "complete",
-    "database_for_write",
     "decode_body",
     "encode_body",
     "end_leases",
@@ -91,7 +90,6 @@ _HOMES = {
     "end_leases": "operators",
     "forget_responses": "operators",
     "peek": "operators",
-    "database_for_write": "rows",
     "fetch": "rows",
     "abandon": "settle",
     "advance": "settle",

@@ -36,8 +36,8 @@ from django_idempotency.store.isolation import (
     own_transaction,
     strict_databases,
 )
+from django_idempotency.store.routing import record_database
 from django_idempotency.store.rows import (
-    database_for_write,
     existing_from_row,
     fetch,
     now_value,
@@ -108,7 +108,7 @@ def claim(
     Raises:
         django.db.DatabaseError: the database failed; nothing was claimed.
     """
-    using = using or database_for_write()
+    using = using or record_database()
     if not own_transaction(connections[using]):
         # Inside a transaction we did not open (TestCase, ATOMIC_REQUESTS without the
         # exemption, manual transactions) the claim is not committed until that

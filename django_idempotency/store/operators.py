@@ -12,7 +12,8 @@ from django.db import transaction
 from django.db.models import F
 
 from django_idempotency.models import IdempotencyRecord, RecordState
-from django_idempotency.store.rows import database_for_write, fetch, now_value
+from django_idempotency.store.routing import record_database
+from django_idempotency.store.rows import fetch, now_value
 from django_idempotency.store.values import Existing, Scope
 
 
@@ -35,7 +36,7 @@ def end_leases(record_ids: list[int], *, using: str | None = None) -> int:
         How many leases were ended (completed records and leases that had already
         run out are left alone and not counted).
     """
-    using = using or database_for_write()
+    using = using or record_database()
     return int(
         IdempotencyRecord.objects.using(using)
         .filter(
@@ -61,7 +62,7 @@ def forget_responses(record_ids: list[int], *, using: str | None = None) -> int:
     Returns:
         How many records were deleted.
     """
-    using = using or database_for_write()
+    using = using or record_database()
     rows = IdempotencyRecord.objects.using(using).filter(
         pk__in=list(record_ids), state=RecordState.COMPLETED
     )

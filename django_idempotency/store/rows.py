@@ -33,11 +33,6 @@ from django_idempotency.store.values import (
 )
 
 
-def database_for_write() -> str:
-    """The database alias the router picks for writing idempotency records."""
-    return record_database()
-
-
 def now_value(using: str, plus_seconds: float = 0.0) -> Any:
     """Now (+ ``plus_seconds``) as the store's clock gives it, for ORM queries."""
     if connections[using].vendor == "postgresql":
@@ -89,7 +84,7 @@ def pg_params(scope: Scope, **extra: Any) -> dict[str, Any]:
 
 def fetch(scope: Scope, *, using: str | None = None) -> Existing | None:
     """Read the record for ``scope`` with one SELECT; ``None`` if there is none."""
-    using = using or database_for_write()
+    using = using or record_database()
     connection = connections[using]
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:

@@ -98,9 +98,9 @@ def _in_memory_sqlite() -> bool:
     """Whether the records' database is an in-memory SQLite database (the test default)."""
     from django.db import connections
 
-    from django_idempotency.store import database_for_write
+    from django_idempotency.store.routing import record_database
 
-    connection: Any = connections[database_for_write()]
+    connection: Any = connections[record_database()]
     return connection.vendor == "sqlite" and bool(connection.is_in_memory_db())
 
 

@@ -17,9 +17,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 from django.utils.translation import ngettext
 
-from django_idempotency import relay
 from django_idempotency.conf import conf
-from django_idempotency.jobs import UNAVAILABLE, GracefulStop, Outage
+from django_idempotency.management.jobs import UNAVAILABLE, GracefulStop, Outage
+from django_idempotency.outbox import relay
 from django_idempotency.store.routing import all_databases
 
 logger = logging.getLogger("django_idempotency.outbox")

@@ -16,7 +16,7 @@ from django.db import connections
 from django.utils.translation import ngettext
 
 from django_idempotency import retention
-from django_idempotency.jobs import UNAVAILABLE, GracefulStop, Outage
+from django_idempotency.management.jobs import UNAVAILABLE, GracefulStop, Outage
 from django_idempotency.store.routing import all_databases
 
 logger = logging.getLogger("django_idempotency")

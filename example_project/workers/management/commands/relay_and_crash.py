@@ -15,7 +15,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from django_idempotency import outbox, relay
+from django_idempotency import outbox
+from django_idempotency.outbox import relay
 from workers import notifications
 
 

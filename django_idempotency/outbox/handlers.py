@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from django.db import router
 from django.utils.module_loading import autodiscover_modules
 
 from django_idempotency.models import OutboxMessage
@@ -24,11 +23,6 @@ H = TypeVar("H", bound=Handler)
 HANDLER_MODULE = "outbox_handlers"
 _handlers: dict[str, Handler] = {}
 _discovered = False
-
-
-def database_for_write() -> str:
-    """The database alias the router picks for writing outbox messages."""
-    return router.db_for_write(OutboxMessage) or "default"
 
 
 def register(topic: str) -> Callable[[H], H]:

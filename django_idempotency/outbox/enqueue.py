@@ -1,26 +1,11 @@
-"""The transactional outbox: ``enqueue``, and the handler registry re-exported.
+"""``enqueue``: an effect outside the database, written in the view's own transaction.
 
 A view records an effect outside the database (boot a VM, send an e-mail) as an
 :class:`~django_idempotency.models.OutboxMessage` row in its own transaction, so the
 message exists if and only if the view's writes committed. The relay
-(``django_idempotency.relay``) delivers it after the commit by calling the handler
-registered for its topic with the message's dedup key, which the handler passes
-downstream so that a redelivery converges on the same downstream effect.
-
-::
-
-    from django_idempotency import outbox
-
-    @outbox.handler("worker.boot")
-    def boot(message, dedup_key):
-        hypervisor.boot(message.payload["worker_id"], boot_id=dedup_key)
-
-    # in a view, inside its transaction:
-    outbox.enqueue("worker.boot", {"worker_id": worker.pk})
-
-The registry itself (``register``/``handler``, ``unregister``, ``get_handler``,
-``autodiscover``) lives in ``django_idempotency.handlers``, so that the relay can find
-handlers without importing this module. See docs/outbox.md.
+(``outbox.relay``) delivers it after the commit. When the transaction commits, the
+relay's Celery task is kicked (:func:`kick`), so delivery need not wait for the next
+beat. See docs/outbox.md.
 """
 
 from __future__ import annotations
@@ -34,39 +19,15 @@ from django.db import IntegrityError, connections, transaction
 
 from django_idempotency.conf import conf
 from django_idempotency.exceptions import NotInTransaction
-from django_idempotency.handlers import (
-    HANDLER_MODULE,
-    Handler,
-    autodiscover,
-    database_for_write,
-    get_handler,
-    register,
-    unregister,
-)
 from django_idempotency.models import OutboxMessage, OutboxState
 from django_idempotency.protocol import context
 from django_idempotency.store import clock
+from django_idempotency.store.routing import outbox_database
 from django_idempotency.store.sql import pg_now
-
-__all__ = [
-    "HANDLER_MODULE",
-    "Handler",
-    "autodiscover",
-    "database_for_write",
-    "enqueue",
-    "get_handler",
-    "handler",
-    "kick",
-    "register",
-    "unregister",
-]
 
 logger = logging.getLogger("django_idempotency.outbox")
 
 _MAX = 255
-
-#: ``@outbox.handler("worker.boot")``: the same as :func:`register`.
-handler = register
 
 
 def enqueue(
@@ -104,7 +65,7 @@ def enqueue(
         ValueError: ``topic`` or ``dedup_key`` is empty or too long.
     """
     current = context.current()
-    using = using or (current.claim.using if current is not None else database_for_write())
+    using = using or (current.claim.using if current is not None else outbox_database())
     if not transaction.get_connection(using).in_atomic_block:
         raise NotInTransaction(
             f"outbox.enqueue({topic!r}) was called outside a transaction on database "
@@ -200,8 +161,15 @@ def _schedule_kick(using: str) -> None:
     transaction.on_commit(callback, using=using)
 
 
+#: The name of the relay's Celery task (``django_idempotency.tasks.relay_outbox``).
+RELAY_TASK = "django_idempotency.relay_outbox"
+
+
 def kick(using: str | None = None) -> bool:
     """Start the Celery relay task now, if Celery is installed and configured.
+
+    "Configured" means the current Celery app has a ``broker_url``: a project that
+    installed Celery without setting up an app is left alone.
 
     Called after a commit that enqueued messages, so delivery does not wait for the
     next beat. Never raises: a broker that is down is logged (the beat or the
@@ -213,11 +181,16 @@ def kick(using: str | None = None) -> bool:
     if not conf.outbox_kick:
         return False
     try:
-        from django_idempotency.tasks import send_relay_task
+        from celery import current_app  # type: ignore[import-untyped]
     except ImportError:  # Celery is not installed
         return False
+    if not current_app.conf.broker_url:
+        return False  # Celery installed, but no app set up: left alone
     try:
-        return send_relay_task(using)
+        # By name: the task is django_idempotency.tasks.relay_outbox; sent without
+        # Celery's publish retries, so a broker that is down fails fast.
+        current_app.send_task(RELAY_TASK, kwargs={"using": using}, retry=False)
     except Exception:
         logger.warning("could not start the outbox relay task; beat will", exc_info=True)
         return False
+    return True

@@ -1,0 +1,112 @@
+"""A failed delivery: retried after a backoff, or dead-lettered (docs/outbox.md).
+
+The failure is written at once, fenced by the claim (its lease end and attempt count,
+so a relay whose lease ran out cannot overwrite the relay that took the message over):
+a retry ``available_at`` from exponential backoff with full jitter (:func:`backoff`),
+or ``dead`` after ``OUTBOX_MAX_ATTEMPTS`` attempts, with the error's traceback in
+``last_error``.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import traceback
+from typing import Any
+
+from django.db import connections
+
+from django_idempotency import signals
+from django_idempotency.conf import conf
+from django_idempotency.models import OutboxMessage, OutboxState
+from django_idempotency.outbox.claim import now
+from django_idempotency.store import clock
+
+logger = logging.getLogger("django_idempotency.outbox")
+
+
+_LAST_ERROR_CHARS = 4000
+
+
+def backoff(
+    attempts: int,
+    *,
+    base: float,
+    cap: float,
+    rand: Any = random.random,
+) -> float:
+    """Seconds to wait before the next attempt: exponential growth, full jitter.
+
+    A uniformly random delay between 0 and ``min(cap, base * 2 ** (attempts - 1))``
+    ("full jitter"), so retries of many failed messages spread out instead of
+    arriving together.
+
+    Args:
+        attempts: attempts made so far (1 after the first failure).
+        base: upper bound after the first failure, in seconds.
+        cap: largest upper bound, in seconds.
+        rand: ``() -> float`` in ``[0, 1)``; injectable for tests.
+    """
+    ceiling = min(cap, base * 2.0 ** max(attempts - 1, 0))
+    return float(rand()) * ceiling
+
+
+def _fenced(using: str, message: OutboxMessage) -> Any:
+    """The message, if it is still pending under the claim this relay made.
+
+    A claim is identified by the lease end it set (``available_at``) and the attempt
+    count it reached; a relay that took the message over changed both.
+    """
+    return OutboxMessage.objects.using(using).filter(
+        pk=message.pk,
+        state=OutboxState.PENDING,
+        attempts=message.attempts,
+        available_at=clock.to_db(message.available_at, connections[using]),
+    )
+
+
+def fail(using: str, message: OutboxMessage, exc: Exception) -> None:
+    """Record a failed delivery of ``message``: a retry after :func:`backoff`, or dead.
+
+    Fenced by the claim; logged, and signalled (``signals.outbox_failed`` or
+    ``signals.outbox_dead_lettered``) only when the fence held.
+
+    Args:
+        using: database alias.
+        message: the claimed message whose handler raised.
+        exc: what the handler raised.
+    """
+    error = "".join(traceback.format_exception(exc))[-_LAST_ERROR_CHARS:]
+    if message.attempts >= conf.outbox_max_attempts:
+        updated = _fenced(using, message).update(
+            state=OutboxState.DEAD, last_error=error, available_at=now(using)
+        )
+        if updated:
+            logger.error(
+                "outbox message %s (%s) dead after %s attempts: %s",
+                message.pk,
+                message.topic,
+                message.attempts,
+                exc,
+            )
+            signals.outbox_dead_lettered.send(
+                message.topic, message_id=message.pk, attempts=message.attempts, error=exc
+            )
+        return
+    delay = backoff(message.attempts, base=conf.outbox_backoff_base, cap=conf.outbox_backoff_cap)
+    if _fenced(using, message).update(last_error=error, available_at=now(using, delay)):
+        logger.warning(
+            "outbox message %s (%s) failed (attempt %s), retry in %.1f s: %s",
+            message.pk,
+            message.topic,
+            message.attempts,
+            delay,
+            exc,
+        )
+        signals.outbox_failed.send(
+            message.topic,
+            message_id=message.pk,
+            attempts=message.attempts,
+            error=exc,
+            retry_in=delay,
+        )

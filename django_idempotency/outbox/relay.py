@@ -1,0 +1,286 @@
+"""The outbox relay: claim due messages, call their handlers, mark them (docs/outbox.md).
+
+:func:`deliver_batch` is one pass; :class:`Relay` runs many, writing a batch's last
+marks while it claims the next. Each pass has three steps, a module each:
+
+1. **claim** (``outbox.claim``): the oldest due messages, leased to this relay;
+2. **deliver** (``outbox.deliver``): their handlers, one by one or in a thread pool;
+3. **mark**: a failure at once (``outbox.failures``), the delivered messages ``sent``
+   in groups no older than ``OUTBOX_MARK_DELAY`` (``outbox.marks``).
+
+A relay stopped by an exception (or :meth:`Relay.stop`) between 1 and 3 lets its
+running handlers finish, marks what they delivered and hands back what no handler
+started. A relay killed between 1 and 3 leaves its messages ``pending`` with
+``available_at`` at the lease's end: they are delivered again after it, including
+those whose mark was still waiting in its group. Delivery is therefore at least once;
+the dedup key makes it effectively once downstream. Smaller batches shrink what a
+crash redelivers; larger ones cost fewer statements per message (benchmarks/relay.py).
+On SQLite concurrent relays stay correct but serialise on the database's single
+writer, so run one relay; marks are written one by one there. Clock: the store's
+(``django_idempotency.store.clock``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from django.db import connections
+
+from django_idempotency import signals
+from django_idempotency.conf import conf
+from django_idempotency.outbox import handlers
+from django_idempotency.outbox.claim import Claimed, claim_due
+from django_idempotency.outbox.deliver import Pool, deliver_inline, deliver_pooled
+from django_idempotency.outbox.marks import Marks
+from django_idempotency.store.routing import outbox_database
+
+logger = logging.getLogger("django_idempotency.outbox")
+
+
+def deliver_batch(
+    batch_size: int | None = None,
+    *,
+    using: str | None = None,
+    lease: float | None = None,
+    threads: int | None = None,
+) -> int:
+    """Claim up to ``batch_size`` due messages and deliver them; one relay pass.
+
+    Handlers start in ``(available_at, id)`` order within the batch. No order holds
+    across batches, relays or retries (a failed message is retried later, after newer
+    ones); with ``threads`` above 1, handlers of one batch overlap and may finish in
+    any order. On PostgreSQL, delivered messages are marked sent in groups no older
+    than ``OUTBOX_MARK_DELAY``, a watchdog writing a group whose deadline passes
+    while a handler blocks (``django_idempotency.marks``); elsewhere each one before
+    the next handler starts. All are written when this returns. Once half the lease
+    has gone, the relay stops starting handlers and hands the rest of the batch back
+    (due at once), so a long batch never outlives its lease. Due messages whose last
+    allowed attempt never reported back (the relay died, or the handler outlived the
+    lease) are dead-lettered.
+
+    Args:
+        batch_size: most messages claimed (default ``OUTBOX_BATCH_SIZE``).
+        using: database alias (default: the router's choice for ``OutboxMessage``).
+        lease: seconds the claimed messages are held (default ``OUTBOX_RELAY_LEASE``).
+        threads: handlers run at the same time, each in a pool thread with its own
+            database connections (default ``OUTBOX_RELAY_THREADS``; 1: one after the
+            other on the calling thread). Inside a transaction (``atomic``), which
+            other connections cannot see into, handlers always run one by one.
+
+    Returns:
+        Messages handled: sent, retried or dead-lettered. 0: nothing was due.
+
+    Raises:
+        ValueError: ``batch_size`` or ``threads`` below 1.
+        django.db.DatabaseError: the database failed; claimed messages stay leased
+            and are delivered after the lease.
+    """
+    with Relay(using, lease=lease, threads=threads) as relay:
+        return relay._batch(batch_size, hand_off=False)  # close() writes the marks
+
+
+class Relay:
+    """One relay delivering batch after batch from one database (docs/outbox.md).
+
+    What :func:`deliver_batch` does once, for many batches: between batches the
+    marks of the last one are written by the marks' writer thread, on its own
+    connection, while this thread claims the next batch. :meth:`close` (or leaving
+    the ``with`` block) waits until every mark is written.
+
+    However a batch ends, what its handlers delivered is marked: when an exception
+    stops it (a handler raising ``SystemExit``, ``KeyboardInterrupt``, a Celery soft
+    time limit, the database failing), the handlers running finish, the messages they
+    delivered are marked and their failures recorded, and the messages no handler
+    started are handed back (due at once); then the exception propagates. The
+    message whose handler the exception interrupted stays leased and is delivered
+    again after the lease. :meth:`stop` ends the batch the same way without an
+    exception.
+
+    Args:
+        using: database alias (default: the router's choice for ``OutboxMessage``).
+        lease: seconds the claimed messages are held (default ``OUTBOX_RELAY_LEASE``).
+        threads: handlers run at the same time (default ``OUTBOX_RELAY_THREADS``).
+        stop_on: exception types that stop the batch when a handler raises one (a
+            time limit raised inside the handler, such as Celery's
+            ``SoftTimeLimitExceeded``): the attempt is recorded as failed (retried
+            after its backoff), the batch stops as above and the exception
+            propagates. Any other ``Exception`` of a handler is that message's
+            failure alone.
+
+    Raises:
+        ValueError: ``threads`` below 1.
+    """
+
+    def __init__(
+        self,
+        using: str | None = None,
+        *,
+        lease: float | None = None,
+        threads: int | None = None,
+        stop_on: tuple[type[BaseException], ...] = (),
+    ) -> None:
+        handlers.autodiscover()
+        self.using = using or outbox_database()
+        self.lease = lease
+        self.threads = threads
+        if threads is not None and int(threads) < 1:
+            raise ValueError(f"threads must be at least 1, not {threads}")
+        self.stop_on = tuple(stop_on)
+        self._marks = Marks(self.using, conf.outbox_mark_delay, _report_sent)
+        self._pool: Pool | None = None
+        self._stopping = False
+        #: Messages this relay handled so far (sent, retried or dead-lettered), those
+        #: of a batch an exception stopped included.
+        self.handled = 0
+
+    def __enter__(self) -> Relay:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def stopping(self) -> bool:
+        """Whether :meth:`stop` was called: no handler starts any more."""
+        return self._stopping
+
+    @property
+    def unmarked(self) -> int:
+        """Delivered messages whose mark is not written yet.
+
+        Not 0 after a database failure, until a later batch or :meth:`close` writes them.
+        """
+        return self._marks.pending
+
+    def stop(self) -> None:
+        """Stop gracefully: start no further handler, in this batch or a later one.
+
+        The handlers running finish and what they delivered is marked; the rest of the
+        batch is handed back, due at once for any relay; :meth:`deliver_batch` then
+        returns, and returns 0 without claiming from then on. Safe to call from a
+        signal handler (the management command's ``SIGTERM``) or another thread.
+        """
+        self._stopping = True
+        pool = self._pool
+        if pool is not None:
+            pool.wake()  # the relay's thread may be waiting for a handler's outcome
+
+    def close(self) -> None:
+        """Write the marks still pending and stop the marks' writer.
+
+        Raises:
+            django.db.DatabaseError: the database failed; the messages not marked stay
+                leased: a later :meth:`close` or batch of this relay writes their marks
+                while their lease holds, else they are delivered again after it.
+        """
+        try:
+            if self._pool is not None:
+                pool, self._pool = self._pool, None
+                pool.close()
+        finally:
+            self._marks.close()
+
+    def deliver_batch(self, batch_size: int | None = None) -> int:
+        """One batch, as :func:`deliver_batch`; its marks may still be written after.
+
+        Returns:
+            Messages handled; 0 once :meth:`stop` was called.
+
+        Raises:
+            ValueError: ``batch_size`` below 1.
+            django.db.DatabaseError: the database failed.
+        """
+        return self._batch(batch_size, hand_off=True)
+
+    def _batch(self, batch_size: int | None, *, hand_off: bool) -> int:
+        using = self.using
+        limit = conf.outbox_batch_size if batch_size is None else int(batch_size)
+        lease = conf.outbox_relay_lease if self.lease is None else float(self.lease)
+        workers = conf.outbox_relay_threads if self.threads is None else int(self.threads)
+        if limit < 1:
+            raise ValueError(f"batch_size must be at least 1, not {limit}")
+        if self._stopping:
+            return 0
+        started = time.monotonic()
+        claimed, buried = claim_due(using, limit, lease)
+        self.handled += buried
+        if not claimed:
+            return buried
+        marks = self._marks
+        # Inside a transaction no other connection sees the claim: no writer thread,
+        # no pool. SQLite has one writer: no writer thread either. Then each mark is
+        # written before the next handler starts.
+        inside = connections[using].in_atomic_block
+        marks.sync = inside or connections[using].vendor != "postgresql"
+        marks.max_age = conf.outbox_mark_delay
+        try:
+            if workers == 1 or inside or len(claimed) == 1:
+                handled = deliver_inline(self, claimed, started, lease)
+            else:
+                if self._pool is not None and self._pool.size != workers:
+                    self._pool.close()
+                    self._pool = None
+                if self._pool is None:  # kept for the next batches: threads, connections
+                    self._pool = Pool(workers)
+                handled = deliver_pooled(self, claimed, started, lease, self._pool)
+        except BaseException:
+            # What was delivered is in the marks (the pool's running handlers have
+            # finished); written now if the database lets us. The error that stopped
+            # the batch is the one raised.
+            try:
+                self.close()
+            except Exception as exc:
+                logger.warning(
+                    "%d delivered outbox message(s) not marked sent yet after a failed "
+                    "batch (written by this relay's next batch or close() while their "
+                    "lease holds, else delivered again after it): %s",
+                    self._marks.pending,
+                    exc,
+                )
+            raise
+        if hand_off:
+            marks.hand_off()  # written now, by the writer, while the next batch is claimed
+        return buried + handled
+
+
+def deliver_due(
+    batch_size: int | None = None,
+    *,
+    using: str | None = None,
+    max_batches: int = 10,
+    threads: int | None = None,
+    stop_on: tuple[type[BaseException], ...] = (),
+) -> int:
+    """Run :func:`deliver_batch` until a batch comes back short, at most ``max_batches``.
+
+    Args:
+        batch_size: most messages claimed per batch (default ``OUTBOX_BATCH_SIZE``).
+        using: database alias (default: the router's choice for ``OutboxMessage``).
+        max_batches: batches at most.
+        threads: handlers run at the same time (default ``OUTBOX_RELAY_THREADS``).
+        stop_on: exception types of handlers that stop the run (:class:`Relay`).
+
+    Returns:
+        Messages handled in all batches.
+
+    Raises:
+        django.db.DatabaseError: the database failed; what was delivered is marked if
+            the database lets it, the rest stays leased (:class:`Relay`).
+    """
+    limit = conf.outbox_batch_size if batch_size is None else int(batch_size)
+    total = 0
+    with Relay(using, threads=threads, stop_on=stop_on) as relay:
+        for _ in range(max_batches):
+            handled = relay.deliver_batch(limit)
+            total += handled
+            if handled < limit:
+                break
+    return total
+
+
+def _report_sent(item: Claimed) -> None:
+    """The ``delivered`` signal of a message whose mark was committed."""
+    signals.outbox_delivered.send(
+        item.message.topic, message_id=item.message.pk, attempts=item.message.attempts, lag=item.age
+    )
