@@ -66,6 +66,7 @@ def main() -> None:
 
     from django_idempotency import retention, store, testing
     from django_idempotency.models import IdempotencyRecord
+    from django_idempotency.retention import sweeper
     from django_idempotency.store.schema import forget
 
     call_command("migrate", "django_idempotency", "zero", verbosity=0)
@@ -89,7 +90,7 @@ def main() -> None:
                     claimed_at.append(offset)
             retention.sweep()
             if hour % 24 == 23:
-                now = retention.store_now(connection)
+                now = sweeper.store_now(connection)
                 stored = IdempotencyRecord.objects.count()
                 inside = IdempotencyRecord.objects.filter(expires_at__gt=now).count()
                 # Before 0004: whole creation days kept until MAX_RETENTION ago.

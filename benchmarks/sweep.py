@@ -118,12 +118,13 @@ def settle() -> None:
 def measure(rows: int, live: int, partitioned: bool) -> dict[str, float]:
     from django.db import connection
 
-    from django_idempotency import partitions, retention
+    from django_idempotency import retention
     from django_idempotency.models import IdempotencyRecord
+    from django_idempotency.retention import partitions, sweeper
 
     use_table(partitioned)
-    now = retention.store_now(connection)
-    old_day = retention.start_of_day(now) - dt.timedelta(days=10)
+    now = sweeper.store_now(connection)
+    old_day = sweeper.start_of_day(now) - dt.timedelta(days=10)
     if partitioned:
         partitions.ensure(connection, old_day.date())
         partitions.ensure(connection, now.date())

@@ -16,7 +16,8 @@ class IdempotencyConfig(AppConfig):
 
     def ready(self) -> None:
         """Register the system checks (``django_idempotency.E001`` ...) and the log receivers."""
-        from django_idempotency import checks, checks_databases, checks_views, logging
+        from django_idempotency import logging
+        from django_idempotency.checks import databases, settings, urls, views
 
-        del checks, checks_databases, checks_views  # they register on import
+        del databases, settings, urls, views  # they register on import
         logging.connect()

@@ -72,8 +72,8 @@ def record_table(request: pytest.FixtureRequest, transactional_db: Any) -> Itera
     if kind != "plain":
         yield kind
         return
-    from django_idempotency import partitions
     from django_idempotency.models import IdempotencyRecord
+    from django_idempotency.retention import partitions
 
     with connection.schema_editor() as editor:
         partitions.to_plain(connection, editor, IdempotencyRecord)
@@ -81,9 +81,9 @@ def record_table(request: pytest.FixtureRequest, transactional_db: Any) -> Itera
         yield kind
     finally:
         connections.close_all()  # threads' connections are gone; ours re-reads the kind
-        from django_idempotency import retention
+        from django_idempotency.retention import sweeper
 
-        now = retention.store_now(connection)
+        now = sweeper.store_now(connection)
         days = [now.date() + dt.timedelta(days=n) for n in range(3)]
         with transaction.atomic():
             partitions.to_partitioned(

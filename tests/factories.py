@@ -45,7 +45,7 @@ class IdempotencyRecordFactory(factory.django.DjangoModelFactory):
         """On the partitioned table, make sure the record's day partition exists."""
         from django.db import connection
 
-        from django_idempotency import partitions
+        from django_idempotency.retention import partitions
         from django_idempotency.store.schema import is_partitioned
 
         if is_partitioned(connection):

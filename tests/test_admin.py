@@ -53,8 +53,8 @@ def test_filters_list_only_the_matching_records(staff_client):
     from django.db import connection
     from django.utils import timezone
 
-    from django_idempotency import partitions
     from django_idempotency.models import RecordState
+    from django_idempotency.retention import partitions
     from django_idempotency.store.schema import is_partitioned
     from tests.factories import IdempotencyRecordFactory
 

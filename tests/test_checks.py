@@ -4,7 +4,7 @@ import pytest
 from django.core import checks
 from django.test import override_settings
 
-from django_idempotency.checks import check_settings
+from django_idempotency.checks.settings import check_settings
 
 
 def ids(messages):
@@ -75,7 +75,7 @@ def test_checks_are_registered():
 
 from django.db import connection  # noqa: E402
 
-from django_idempotency.checks import (  # noqa: E402
+from django_idempotency.checks.settings import (  # noqa: E402
     SWEEP_TASK,
     check_production_database,
     check_response_size,
@@ -166,7 +166,7 @@ from rest_framework.response import Response  # noqa: E402
 from rest_framework.views import APIView  # noqa: E402
 
 from django_idempotency import IdempotentMixin, idempotent  # noqa: E402
-from django_idempotency.checks_views import _outer_atomic, check_outer_atomic  # noqa: E402
+from django_idempotency.checks.views import _outer_atomic, check_outer_atomic  # noqa: E402
 
 
 def test_w005_atomic_above_idempotent_in_the_urlconf():
@@ -251,7 +251,7 @@ def test_w005_silent_without_atomic_above_the_claim(callback):
 def test_w006_only_above_read_committed(db):
     from django.db import connection
 
-    from django_idempotency.checks import check_isolation_level
+    from django_idempotency.checks.settings import check_isolation_level
 
     assert check_isolation_level() == []
     if connection.vendor != "postgresql":
@@ -369,7 +369,7 @@ from django.urls import path  # noqa: E402
 from django.views import View  # noqa: E402
 from rest_framework import mixins, viewsets  # noqa: E402
 
-from django_idempotency.checks_views import check_misplaced_protection  # noqa: E402
+from django_idempotency.checks.views import check_misplaced_protection  # noqa: E402
 
 
 @method_decorator(idempotent, name="dispatch")

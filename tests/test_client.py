@@ -491,7 +491,7 @@ def test_async_client_raises_non_retryable() -> None:
 def test_the_package_imports_without_httpx_and_the_client_says_what_to_install() -> None:
     code = (
         "import sys; sys.modules['httpx'] = None; sys.modules['stamina'] = None\n"
-        "import django_idempotency, django_idempotency.client_store\n"
+        "import django_idempotency\n"
         "try:\n"
         "    import django_idempotency.client\n"
         "except ImportError as exc:\n"

@@ -27,7 +27,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from django_idempotency import outbox, store
-from django_idempotency.checks_databases import (
+from django_idempotency.checks.databases import (
     check_database_aliases,
     check_record_placement,
     check_view_databases,

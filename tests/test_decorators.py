@@ -142,7 +142,7 @@ def test_e008_unknown_mixin_action(settings):
     from rest_framework import mixins, viewsets
 
     from django_idempotency import IdempotentMixin
-    from django_idempotency.checks_views import check_mixin_actions
+    from django_idempotency.checks.views import check_mixin_actions
 
     class Typo(IdempotentMixin, mixins.CreateModelMixin, viewsets.GenericViewSet):
         idempotent_actions = ["craete"]
@@ -159,7 +159,7 @@ def test_e008_unknown_mixin_action(settings):
 
 
 def test_no_e008_for_the_test_urls():
-    from django_idempotency.checks_views import check_mixin_actions
+    from django_idempotency.checks.views import check_mixin_actions
 
     assert check_mixin_actions() == []
 

@@ -18,8 +18,9 @@ import pytest
 from django.db import connection, connections, transaction
 from django.test import override_settings
 
-from django_idempotency import exceptions, partitions, retention, store, testing
+from django_idempotency import exceptions, retention, store, testing
 from django_idempotency.models import IdempotencyRecord, OutboxMessage
+from django_idempotency.retention import partitions, sweeper
 from tests.concurrency import Runner, token_client
 from tests.testapp.gates import GATES, Gate
 
@@ -49,8 +50,8 @@ def exists(won: store.Claim) -> bool:
 
 def to_midnight() -> float:
     """Seconds from now (the store's clock) to the next midnight UTC."""
-    now = retention.store_now(connection)
-    return (retention.start_of_day(now) + dt.timedelta(days=1) - now).total_seconds()
+    now = sweeper.store_now(connection)
+    return (sweeper.start_of_day(now) + dt.timedelta(days=1) - now).total_seconds()
 
 
 # --- the sweeper never forgets a live record -----------------------------------------
@@ -421,10 +422,10 @@ def test_the_sweeper_creates_every_partition_a_claim_needs(record_table):
         pytest.skip("partitions only")
     retention.sweep()
     before = {p.name for p in partitions.list_partitions(connection)}
-    today = retention.store_now(connection).date()
+    today = sweeper.store_now(connection).date()
     needed = {
         partitions.partition_name(today + dt.timedelta(days=n))
-        for n in range(retention.days_ahead() + 1)
+        for n in range(sweeper.days_ahead() + 1)
     }
     assert needed <= before
     claim(scope(), retention_s=7 * DAY)  # MAX_RETENTION's window: created already

@@ -16,8 +16,9 @@ from django.db.migrations.loader import MigrationLoader
 from django.db.models import Max
 from django.test import override_settings
 
-from django_idempotency import partitions, retention, store, testing
+from django_idempotency import retention, store, testing
 from django_idempotency.models import IdempotencyRecord
+from django_idempotency.retention import partitions
 from django_idempotency.store.schema import forget, is_partitioned
 from tests.concurrency import Runner
 

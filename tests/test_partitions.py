@@ -17,9 +17,10 @@ import pytest
 from django.db import IntegrityError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
-from django_idempotency import exceptions, partitions, retention, store, testing
+from django_idempotency import exceptions, retention, store, testing
 from django_idempotency.conf import conf
 from django_idempotency.models import IdempotencyRecord, RecordState
+from django_idempotency.retention import partitions, sweeper
 from django_idempotency.store.schema import (
     PG_PARTITIONED_CLAIM_SQL,
     SWEEP_LOCK,
@@ -51,7 +52,7 @@ def done(won: store.Claim, body: bytes = b"{}") -> None:
 
 
 def db_now() -> dt.datetime:
-    return retention.store_now(connection)
+    return sweeper.store_now(connection)
 
 
 def to_midnight() -> float:
@@ -494,7 +495,7 @@ def test_a_partition_left_detached_by_an_interrupted_sweep_is_dropped():
 def test_a_partition_drop_that_cannot_get_its_lock_is_reported_and_retried(monkeypatch):
     old, _ = _old_and_new_records()
     name = partition_of(old.record_id)
-    monkeypatch.setattr(retention, "LOCK_TIMEOUT", 0.2)
+    monkeypatch.setattr(sweeper, "LOCK_TIMEOUT", 0.2)
     reader = connection.copy()
     try:
         reader.set_autocommit(False)

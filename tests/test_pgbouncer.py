@@ -25,6 +25,7 @@ from django.db import DatabaseError, connection, connections, transaction
 from django_idempotency import outbox, retention, store, testing
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.outbox import relay
+from django_idempotency.retention import sweeper
 from django_idempotency.store.schema import SWEEP_LOCK
 from tests.concurrency import Runner
 from tests.pgbouncer import pgbouncer_port
@@ -142,7 +143,7 @@ def test_the_sweeper_keeps_no_session_state_and_holds_its_lock_in_a_transaction(
     old_claims((10, 11))
     sweeping_pid: list[int] = []
     holders: list[tuple[int, str]] = []
-    real = retention._sweep_partitions
+    real = sweeper._sweep_partitions
 
     def spy(conn: Any, report: Any) -> None:
         with conn.cursor() as cursor:
@@ -161,7 +162,7 @@ def test_the_sweeper_keeps_no_session_state_and_holds_its_lock_in_a_transaction(
             observer.close()
         real(conn, report)
 
-    monkeypatch.setattr(retention, "_sweep_partitions", spy)
+    monkeypatch.setattr(sweeper, "_sweep_partitions", spy)
     with recorded() as statements:
         report = retention.sweep()
     assert len(report.dropped) >= 2 and not report.errors and not report.skipped
@@ -189,7 +190,7 @@ def partition_of(record_id: int) -> str:
 def test_a_sweep_that_fails_in_a_transaction_leaves_no_lock_behind(monkeypatch):
     (old,) = old_claims((10,))
     name = partition_of(old.record_id)
-    monkeypatch.setattr(retention, "LOCK_TIMEOUT", 0.2)
+    monkeypatch.setattr(sweeper, "LOCK_TIMEOUT", 0.2)
     reader = connection.copy()
     try:
         reader.set_autocommit(False)
@@ -235,7 +236,7 @@ def test_two_sweepers_at_once_do_the_work_once():
 def test_a_detach_that_waits_too_long_is_cancelled_and_finished_later(monkeypatch):
     (old,) = old_claims((10,))
     name = partition_of(old.record_id)
-    monkeypatch.setattr(retention, "LOCK_TIMEOUT", 0.2)
+    monkeypatch.setattr(sweeper, "LOCK_TIMEOUT", 0.2)
     reader = connection.copy()
     try:
         reader.set_autocommit(False)

@@ -469,8 +469,9 @@ def test_a_hand_back_after_the_lease_ran_out_leaves_the_next_relays_claim_alone(
 def test_the_sweeper_creates_the_partitions_of_today_and_the_days_ahead():
     """After a sweep, today and each of ``PARTITIONS_AHEAD`` days ahead have their
     partition, so no claim on those days waits for one to be created."""
-    from django_idempotency import partitions, retention
+    from django_idempotency import retention
     from django_idempotency.conf import conf
+    from django_idempotency.retention import partitions
 
     try:
         with testing.travel(40 * DAY):  # days nobody created yet

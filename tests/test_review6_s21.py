@@ -18,6 +18,7 @@ from django.db import connection, connections, transaction
 
 from django_idempotency import exceptions, retention, store, testing
 from django_idempotency.models import IdempotencyRecord, RecordState
+from django_idempotency.retention import sweeper
 from django_idempotency.store import isolation as store_isolation
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -132,7 +133,7 @@ def test_a_late_completion_committing_during_a_sweep_is_not_dropped_with_its_day
     owner's transaction and the day went with the completed record in it. The probe now
     takes the partition's SHARE lock first, which waits for the owner's transaction.
     """
-    if not retention.is_partitioned(connection):
+    if not sweeper.is_partitioned(connection):
         pytest.skip("partitioned table only")
     key = str(uuid.uuid4())
     owner = _late_claim(key)
@@ -199,7 +200,7 @@ def test_a_late_completion_behind_a_timed_out_detach_is_not_forgotten(
 ) -> None:
     """The same late completion (window and lease over on an earlier UTC day, the owner
     completes, nobody took the key over), but its transaction stays open longer than
-    the sweeper's lock wait (``retention.LOCK_TIMEOUT``, made short here): the day is
+    the sweeper's lock wait (``sweeper.LOCK_TIMEOUT``, made short here): the day is
     reported in ``errors``; then the owner commits (the client gets its 201), and the
     next sweep runs.
 
@@ -214,9 +215,9 @@ def test_a_late_completion_behind_a_timed_out_detach_is_not_forgotten(
     where claims no longer saw the completed record, and the next sweep dropped it
     without a probe. The probe's lock wait now times out instead, before any detach.
     """
-    if not retention.is_partitioned(connection):
+    if not sweeper.is_partitioned(connection):
         pytest.skip("partitioned table only")
-    monkeypatch.setattr(retention, "LOCK_TIMEOUT", 0.5)
+    monkeypatch.setattr(sweeper, "LOCK_TIMEOUT", 0.5)
     key = str(uuid.uuid4())
     owner = _late_claim(key)
     with _completing_late(owner):
@@ -239,7 +240,7 @@ def test_a_late_completion_committed_before_the_sweep_holds_its_day() -> None:
     """The late completion of the first test, committed before the sweep starts:
     the probe sees ``expires_at = completed_at + lease`` and keeps the day (``held``),
     and the retry replays (docs/retention.md, "A late completion stays replayable")."""
-    if not retention.is_partitioned(connection):
+    if not sweeper.is_partitioned(connection):
         pytest.skip("partitioned table only")
     key = str(uuid.uuid4())
     owner = _late_claim(key)
@@ -257,9 +258,9 @@ def test_a_writer_begun_after_the_probe_is_waited_for_and_its_day_attached_back(
     PARTITION ... CONCURRENTLY``; the detached table is then probed again, the live
     record found, and the partition attached back instead of dropped: ``drop`` returns
     ``False`` and the retry replays (docs/retention.md, "Dropping a day")."""
-    if not retention.is_partitioned(connection):
+    if not sweeper.is_partitioned(connection):
         pytest.skip("partitioned table only")
-    from django_idempotency import partitions
+    from django_idempotency.retention import partitions
 
     key = str(uuid.uuid4())
     owner = _late_claim(key)

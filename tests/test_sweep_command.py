@@ -16,6 +16,7 @@ from django.db import connection
 
 from django_idempotency import retention, store, testing
 from django_idempotency.models import IdempotencyRecord
+from django_idempotency.retention import sweeper as retention_sweeper
 from django_idempotency.store.schema import SWEEP_LOCK
 from tests.faults import wait_for
 from tests.test_relay_outages import outage_lines, proxy
@@ -90,7 +91,7 @@ def test_a_partition_that_could_not_be_dropped_fails_the_command(monkeypatch):
             [won.record_id],
         )
         (name,) = cursor.fetchone()
-    monkeypatch.setattr(retention, "LOCK_TIMEOUT", 0.2)
+    monkeypatch.setattr(retention_sweeper, "LOCK_TIMEOUT", 0.2)
     reader = connection.copy()
     try:
         reader.set_autocommit(False)
@@ -155,12 +156,12 @@ def test_a_day_attached_back_during_the_sweep_is_reported_as_held(monkeypatch, v
 
     from django.db import connections, transaction
 
-    from django_idempotency import partitions
+    from django_idempotency.retention import partitions
     from tests.faults import wait_for
 
-    if not retention.is_partitioned(connection):
+    if not retention_sweeper.is_partitioned(connection):
         pytest.skip("partitioned table only")
-    monkeypatch.setattr(retention, "LOCK_TIMEOUT", 60.0)  # a loaded machine's margin
+    monkeypatch.setattr(retention_sweeper, "LOCK_TIMEOUT", 60.0)  # a loaded machine's margin
     scope = store.Scope("auth.user:1", "POST /widgets", str(uuid.uuid4()))
     with testing.travel(-2 * DAY):
         owner = store.claim(scope, "a" * 64, lease=30, retention=60)

@@ -23,7 +23,7 @@ This package needs no Django; ``django_idempotency`` itself imports without http
 Its modules, one concern each: ``responses`` (reading an answer and the verdict),
 ``backoff``, ``errors`` (attempt events and exceptions), ``policy`` (what both clients
 decide), ``sync`` and ``aio`` (the two clients). Keys are kept by
-``django_idempotency.client_store`` (standard library only).
+``keystore`` (standard library only).
 """
 
 from __future__ import annotations
@@ -37,8 +37,6 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
         "Install them with: pip install 'django-idempotency[client]'"
     ) from exc
 
-# The names after ``__all__``'s are module attributes of the single-module client of
-# earlier releases, still importable from here.
 from django_idempotency.client.aio import AsyncIdempotentClient
 from django_idempotency.client.backoff import Backoff
 from django_idempotency.client.errors import (
@@ -48,10 +46,7 @@ from django_idempotency.client.errors import (
     ResponseNotReplayable,
     RetriesExhausted,
 )
-from django_idempotency.client.responses import HEADER as HEADER
-from django_idempotency.client.responses import NOT_REPLAYABLE as NOT_REPLAYABLE
-from django_idempotency.client.responses import PERMANENT_5XX as PERMANENT_5XX
-from django_idempotency.client.responses import PROBLEM_JSON as PROBLEM_JSON
+from django_idempotency.client.keystore import KeyStore, MemoryKeyStore, SQLiteKeyStore
 from django_idempotency.client.responses import (
     RELEASED_4XX,
     is_replay,
@@ -60,13 +55,7 @@ from django_idempotency.client.responses import (
     retry_after_seconds,
     verdict,
 )
-from django_idempotency.client.responses import REPLAYED_HEADER as REPLAYED_HEADER
-from django_idempotency.client.responses import RETRYABLE_CONFLICTS as RETRYABLE_CONFLICTS
-from django_idempotency.client.responses import Verdict as Verdict
-from django_idempotency.client.sync import Headers as Headers
 from django_idempotency.client.sync import IdempotentClient
-from django_idempotency.client_store import KeyStore, MemoryKeyStore, SQLiteKeyStore
-from django_idempotency.client_store import new_key as new_key
 
 __all__ = [
     "RELEASED_4XX",

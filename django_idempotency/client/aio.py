@@ -10,9 +10,9 @@ import httpx
 
 from django_idempotency.client.backoff import Backoff
 from django_idempotency.client.errors import AttemptEvent, _Retry
+from django_idempotency.client.keystore import KeyStore
 from django_idempotency.client.policy import _Base
 from django_idempotency.client.responses import HEADER
-from django_idempotency.client_store import KeyStore
 
 Headers = Mapping[str, str]
 

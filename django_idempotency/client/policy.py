@@ -22,6 +22,7 @@ from django_idempotency.client.errors import (
     _describe,
     _Retry,
 )
+from django_idempotency.client.keystore import KeyStore, MemoryKeyStore, new_key
 from django_idempotency.client.responses import (
     NOT_REPLAYABLE,
     Verdict,
@@ -30,7 +31,6 @@ from django_idempotency.client.responses import (
     retry_after_seconds,
     verdict,
 )
-from django_idempotency.client_store import KeyStore, MemoryKeyStore, new_key
 
 
 def _backoff_hook(exc: Exception) -> bool | float:

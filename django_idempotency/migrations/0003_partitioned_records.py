@@ -20,14 +20,15 @@ from django.db import migrations
 
 def _days(connection):
     from django_idempotency import retention
+    from django_idempotency.retention import sweeper
     from django_idempotency.conf import conf
 
-    today = retention.store_now(connection).date()
+    today = sweeper.store_now(connection).date()
     return [today + dt.timedelta(days=n) for n in range(max(conf.partitions_ahead, 0) + 1)]
 
 
 def partition(apps, schema_editor):
-    from django_idempotency import partitions
+    from django_idempotency.retention import partitions
     from django_idempotency.store.schema import forget, is_partitioned
     from django_idempotency.conf import conf
 
@@ -50,7 +51,7 @@ def partition(apps, schema_editor):
 
 
 def unpartition(apps, schema_editor):
-    from django_idempotency import partitions
+    from django_idempotency.retention import partitions
     from django_idempotency.store.schema import forget, is_partitioned
 
     forget()

@@ -35,7 +35,9 @@ def fill(apps, schema_editor):
 
 
 def repartition(apps, schema_editor, *, version):
-    from django_idempotency import partitions, retention
+    from django_idempotency.retention import partitions
+    from django_idempotency import retention
+    from django_idempotency.retention import sweeper
     from django_idempotency.store.schema import forget, is_partitioned
 
     forget()
@@ -49,9 +51,9 @@ def repartition(apps, schema_editor, *, version):
     for sql in schema_editor.deferred_sql:
         schema_editor.execute(sql)
     schema_editor.deferred_sql.clear()
-    today = retention.store_now(connection).date()
+    today = sweeper.store_now(connection).date()
     # The days a claim made now may need, as the sweeper would create them.
-    days = [today + dt.timedelta(days=n) for n in range(retention.days_ahead() + 1)]
+    days = [today + dt.timedelta(days=n) for n in range(sweeper.days_ahead() + 1)]
     partitions.to_partitioned(connection, keep_since=None, days=days, version=version)
 
 

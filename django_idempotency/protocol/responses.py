@@ -274,8 +274,7 @@ def build(
             answer rebuilt from a consumed streaming response).
         policy: the headers to send of those stored: a replay passes the current
             policy, so a name denied after the record was stored is not replayed.
-            ``None``: every stored header. Records stored under the allowlist of
-            earlier versions replay the headers they have.
+            ``None``: every stored header.
 
     ``Content-Length`` is set to the length of the stored body (none on 1xx, 204, 304).
     """

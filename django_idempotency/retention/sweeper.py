@@ -42,9 +42,9 @@ from django.db import DatabaseError, connections, router
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Q, QuerySet
 
-from django_idempotency import partitions
 from django_idempotency.conf import conf
 from django_idempotency.models import IdempotencyRecord, OutboxMessage, OutboxState, RecordState
+from django_idempotency.retention import partitions
 from django_idempotency.store import clock
 from django_idempotency.store.schema import SWEEP_LOCK, is_partitioned
 

@@ -16,7 +16,7 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, router
 
-from django_idempotency.checks_views import _view_options, url_patterns
+from django_idempotency.checks.urls import url_patterns, view_options
 from django_idempotency.conf import conf
 from django_idempotency.store.routing import all_databases, record_database
 
@@ -27,7 +27,7 @@ def _static_usings() -> Iterator[tuple[str, object]]:
     """(view name, ``using=`` value) of every idempotent view that sets one."""
     seen: set[tuple[int, str]] = set()
     for pattern in url_patterns():
-        for obj, options in _view_options(pattern.callback):
+        for obj, options in view_options(pattern.callback):
             using = options.get("using") if isinstance(options, dict) else options.using
             if using is None or (id(obj), repr(using)) in seen:
                 continue

@@ -1,9 +1,9 @@
-"""System checks that walk the URLconf: idempotent views (W001, W002, W005, E008, E010, W009).
+"""System checks on the idempotent views of the URLconf (docs/checks.md).
 
-Each check is documented in ``docs/checks.md`` with its fix. Every check here reads the
-URL patterns through :func:`url_patterns`, which never raises: a settings module without
-``ROOT_URLCONF`` has no views to inspect, and a URLconf that cannot be imported is
-reported once, by W009, while the other checks run on.
+W001 (``ATOMIC_REQUESTS`` around a claim), W002 (a retention past ``MAX_RETENTION``),
+W005 (``transaction.atomic`` above ``@idempotent``), E008 (``idempotent_actions``
+naming an action the view lacks) and E010 (protection stacked where it cannot work).
+Each is documented in docs/checks.md with its fix.
 """
 
 from __future__ import annotations
@@ -15,59 +15,16 @@ from django.apps import AppConfig
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import transaction
-from django.urls import URLPattern, URLResolver, get_resolver
 
+from django_idempotency.checks.urls import (
+    as_duration,
+    label,
+    url_patterns,
+    view_options,
+    wraps_function,
+)
 from django_idempotency.conf import conf
 from django_idempotency.protocol.decorators import DECORATED, is_idempotent_layer
-
-
-def _label(obj: Any) -> str:
-    """The dotted path of a view as its author wrote it.
-
-    DRF's ``@api_view`` turns a function into a class named ``WrappedAPIView``, given the
-    function's module and name: the function's path is what the author knows.
-    """
-    name = obj.__name__ if _wraps_function(obj) else obj.__qualname__
-    return f"{obj.__module__}.{name}"
-
-
-def _wraps_function(obj: Any) -> bool:
-    """Whether ``obj`` is the class DRF's ``@api_view`` made of a function."""
-    return isinstance(obj, type) and obj.__qualname__.endswith("WrappedAPIView")
-
-
-def _seconds(value: float) -> str:
-    """A duration for a message: ``2592000 s (30 days)``, never ``2.592e+06 s``."""
-    text = f"{value:.0f} s" if float(value).is_integer() else f"{value} s"
-    return f"{text} ({value / 86400:g} days)" if value >= 86400 else text
-
-
-def _view_options(callback: Any) -> Iterator[tuple[Any, Any]]:
-    """(object, Options or options dict) of every idempotent handler behind a URL."""
-    if hasattr(callback, "_idempotency_options"):
-        yield callback, callback._idempotency_options
-    view_class = getattr(callback, "view_class", None) or getattr(callback, "cls", None)
-    if view_class is None:
-        return
-    for name in dir(view_class):
-        handler: Any = getattr(view_class, name, None)
-        if hasattr(handler, "_idempotency_options"):
-            yield view_class, handler._idempotency_options
-        # @idempotent below @api_view: DRF's handler closes over the decorated function.
-        for cell in getattr(handler, "__closure__", None) or ():
-            try:
-                inner = cell.cell_contents
-            except ValueError:  # an empty cell
-                continue
-            if callable(inner) and hasattr(inner, "_idempotency_options"):
-                yield view_class, inner._idempotency_options
-    base = getattr(view_class, "idempotency_options", None)
-    if isinstance(base, dict):
-        yield view_class, base
-    actions = getattr(view_class, "idempotent_actions", None)
-    if isinstance(actions, dict):
-        for options in actions.values():
-            yield view_class, options
 
 
 @register(Tags.urls)
@@ -88,7 +45,7 @@ def check_view_retention(
     warnings: list[CheckMessage] = []
     seen: set[tuple[int, float]] = set()
     for pattern in url_patterns():
-        for obj, options in _view_options(pattern.callback):
+        for obj, options in view_options(pattern.callback):
             value = options.get("retention") if isinstance(options, dict) else options.retention
             try:
                 seconds = float(value) if value is not None else None
@@ -99,75 +56,18 @@ def check_view_retention(
             seen.add((id(obj), seconds))
             warnings.append(
                 Warning(
-                    f"{_label(obj)} declares a retention of "
-                    f"{_seconds(seconds)}, longer than IDEMPOTENCY['MAX_RETENTION'] "
-                    f"({_seconds(limit)}). Its keys are kept for their whole window, but on a "
+                    f"{label(obj)} declares a retention of "
+                    f"{as_duration(seconds)}, longer than IDEMPOTENCY['MAX_RETENTION'] "
+                    f"({as_duration(limit)}). Its keys are kept for their whole window, but on a "
                     "partitioned PostgreSQL table its claims may have to create their "
                     "day's partition themselves, and wait behind the sweeper.",
                     hint="Raise MAX_RETENTION to the longest retention of any view: the "
                     "sweeper then creates every partition a claim needs ahead of time.",
-                    obj=_label(obj),
+                    obj=label(obj),
                     id="django_idempotency.W002",
                 )
             )
     return warnings
-
-
-def _patterns(patterns: list[Any]) -> Iterator[URLPattern]:
-    for pattern in patterns:
-        if isinstance(pattern, URLResolver):
-            yield from _patterns(pattern.url_patterns)
-        elif isinstance(pattern, URLPattern):
-            yield pattern
-
-
-def _read_urlconf() -> tuple[list[URLPattern], str | None]:
-    """(every URL pattern of the root URLconf, why it could not be read or ``None``).
-
-    No ``ROOT_URLCONF`` (a worker's settings module) means no views: nothing to read and
-    nothing to report. An exception while importing the URLconf or one it includes
-    (``ImportError``, or any error its code raises) is the reason.
-    """
-    if not getattr(settings, "ROOT_URLCONF", None):
-        return [], None
-    try:
-        return list(_patterns(get_resolver().url_patterns)), None
-    except Exception as exc:  # a system check reports, it never crashes the command
-        return [], f"{type(exc).__name__}: {exc}"
-
-
-def url_patterns() -> list[URLPattern]:
-    """Every ``URLPattern`` of the root URLconf, includes walked; empty if it cannot be read.
-
-    Never raises: the checks that walk the URLconf then have nothing to inspect, and
-    W009 (:func:`check_urlconf_readable`) says why, once.
-    """
-    return _read_urlconf()[0]
-
-
-@register(Tags.urls)
-def check_urlconf_readable(
-    app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
-) -> list[CheckMessage]:
-    """W009: the URLconf cannot be imported, so the checks of the views did not run.
-
-    Reported once for all of them (W001, W002, W005, W008, E008, E009, E010); a
-    settings module without ``ROOT_URLCONF`` serves no views and gets no message.
-    """
-    reason = _read_urlconf()[1]
-    if reason is None:
-        return []
-    return [
-        Warning(
-            f"The URL configuration {settings.ROOT_URLCONF!r} could not be imported "
-            f"({reason}), so django-idempotency could not inspect the views: W001, W002, "
-            "W005, W008, E008, E009 and E010 did not check them.",
-            hint=f"Fix the error: `python -c 'import {settings.ROOT_URLCONF}'` shows where "
-            "it happens. Then run the checks again.",
-            obj=str(settings.ROOT_URLCONF),
-            id="django_idempotency.W009",
-        )
-    ]
 
 
 @register(Tags.urls)
@@ -202,10 +102,10 @@ def check_atomic_requests(
             decorated.append(view_class.__name__)  # @idempotent below @api_view
         exempt: Container[str] = getattr(callback, "_non_atomic_requests", set())
         if decorated and not all(alias in exempt for alias in atomic_aliases):
-            if _wraps_function(view_class):
-                what = f"The @api_view function {_label(view_class)} is @idempotent"
+            if wraps_function(view_class):
+                what = f"The @api_view function {label(view_class)} is @idempotent"
             else:
-                what = f"{_label(view_class)} has @idempotent methods ({', '.join(decorated)})"
+                what = f"{label(view_class)} has @idempotent methods ({', '.join(decorated)})"
             warnings.append(
                 Warning(
                     f"{what} but runs inside ATOMIC_REQUESTS, so its "
@@ -216,7 +116,7 @@ def check_atomic_requests(
                     "with @method_decorator(transaction.non_atomic_requests, "
                     "name='dispatch'). For an @api_view function, put @idempotent "
                     "above @api_view.",
-                    obj=_label(view_class),
+                    obj=label(view_class),
                     id="django_idempotency.W001",
                 )
             )
@@ -456,7 +356,7 @@ def _misplaced(view_class: type) -> Iterator[tuple[str, str]]:
             else "what it returns is not the view's response"
         )
         yield (
-            f"{_label(view_class)}.{name}() is @idempotent, but {name}() is part of the "
+            f"{label(view_class)}.{name}() is @idempotent, but {name}() is part of the "
             f"view's machinery, not a handler: {why}.",
             "Decorate the handlers instead (post, put, patch, delete, or a ViewSet's "
             "action), or put IdempotentMixin first in the bases of a DRF view.",
@@ -464,7 +364,7 @@ def _misplaced(view_class: type) -> Iterator[tuple[str, str]]:
     for name in _handlers(view_class):
         if _idempotent_layers(getattr(view_class, name, None)) > 1:
             yield (
-                f"{_label(view_class)}.{name}() is @idempotent twice (once through "
+                f"{label(view_class)}.{name}() is @idempotent twice (once through "
                 "method_decorator): every request would be claimed twice with its key, "
                 "and would fail.",
                 "Keep one @idempotent on it.",
@@ -473,7 +373,7 @@ def _misplaced(view_class: type) -> Iterator[tuple[str, str]]:
         yield (
             f"{klass.__module__}.{klass.__qualname__}.{name}() does not call "
             f"super().{name}(), so IdempotentMixin's {name}() never runs: "
-            f"{_label(view_class)} is not protected (a request without a key runs, a "
+            f"{label(view_class)} is not protected (a request without a key runs, a "
             "retry runs again).",
             f"Call super().{name}(...) in it, passing its arguments on. If it does "
             "through a decorator that hides its code, silence this check for it.",
@@ -503,6 +403,6 @@ def check_misplaced_protection(
         seen.add(view_class)
         for message, hint in _misplaced(view_class):
             errors.append(
-                Error(message, hint=hint, obj=_label(view_class), id="django_idempotency.E010")
+                Error(message, hint=hint, obj=label(view_class), id="django_idempotency.E010")
             )
     return errors

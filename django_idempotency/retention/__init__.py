@@ -1,0 +1,14 @@
+"""Retention: each record forgotten once its own window and lease are over (docs/retention.md).
+
+:func:`sweep` is the one entry point of the Celery task and of the
+``idempotency_sweep`` management command (``sweeper``); on PostgreSQL's
+day-partitioned record table it creates the days ahead and drops whole past days
+(``partitions``), elsewhere it deletes in batches. Sent outbox messages are swept
+likewise.
+"""
+
+from __future__ import annotations
+
+from django_idempotency.retention.sweeper import SweepReport, sweep
+
+__all__ = ["SweepReport", "sweep"]
