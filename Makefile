@@ -60,6 +60,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check django_idempotency tests example_project
 	$(BIN)/mypy django_idempotency
+	$(BIN)/lint-imports
 
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site

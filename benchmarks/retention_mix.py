@@ -5,7 +5,7 @@ Not a test: a measurement (docs/retention.md shows the results). Every simulated
 completed, then the sweeper runs; the clock is moved with ``testing.travel`` (no
 waiting). At the end of each simulated day it prints the rows stored, the rows still
 inside their window, and what a sweeper keeping every day for ``MAX_RETENTION`` (7 days,
-by creation day: the design before migration 0004) would have stored::
+by creation day: the longest window deciding for every view) would have stored::
 
     createdb -h 127.0.0.1 -U postgres idempotency_bench   # a scratch database
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/idempotency_bench \\
@@ -66,8 +66,8 @@ def main() -> None:
 
     from django_idempotency import retention, store, testing
     from django_idempotency.models import IdempotencyRecord
-    from django_idempotency.retention import sweeper
-    from django_idempotency.store.schema import forget
+    from django_idempotency.store import clock
+    from django_idempotency.store.catalog import forget
 
     call_command("migrate", "django_idempotency", "zero", verbosity=0)
     call_command("migrate", verbosity=0)
@@ -90,10 +90,10 @@ def main() -> None:
                     claimed_at.append(offset)
             retention.sweep()
             if hour % 24 == 23:
-                now = sweeper.store_now(connection)
+                now = clock.store_now(connection)
                 stored = IdempotencyRecord.objects.count()
                 inside = IdempotencyRecord.objects.filter(expires_at__gt=now).count()
-                # Before 0004: whole creation days kept until MAX_RETENTION ago.
+                # By creation day: whole days kept until MAX_RETENTION ago.
                 base = now.timestamp() - offset  # real time of offset 0
                 cutoff_day = math.floor((now.timestamp() - MAX_RETENTION) / DAY)
                 old = sum(1 for at in claimed_at if math.floor((base + at) / DAY) >= cutoff_day)

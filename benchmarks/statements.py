@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> None:
 
     from django_idempotency import store
     from django_idempotency.store import Scope, StoredResponse, sql
-    from django_idempotency.store.schema import PG_PARTITIONED_CLAIM_SQL
+    from django_idempotency.store.sql import PG_PARTITIONED_CLAIM_SQL
 
     cursor = connection.cursor()
     cursor.execute("SELECT pg_backend_pid()")

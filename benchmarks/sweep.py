@@ -9,7 +9,7 @@ Not a test: a measurement (docs/retention.md shows the results). PostgreSQL only
 For each N it loads N expired records into one old day with one ``generate_series``
 INSERT, then times ``retention.sweep()``: first on the partitioned table (the day's
 partition is detached and dropped), then on the plain table of a project that opted
-out of partitioning (migration 0003 reversed; batched DELETE of ``--batch-size``
+out of partitioning (``PARTITION_RECORDS = False``; batched DELETE of ``--batch-size``
 rows). The sweep also finds a day of live rows (``--live`` of them) that it must keep.
 With ``--claims K`` it also times K sequential claims (new keys, then replays) on both
 table kinds: the price of the advisory-lock uniqueness on the hot path.
@@ -78,13 +78,13 @@ def use_table(partitioned: bool) -> None:
     from django.core.management import call_command
     from django.db import connection
 
-    from django_idempotency.store.schema import forget
+    from django_idempotency.store.catalog import forget
 
     with connection.cursor() as cursor:
         cursor.execute("TRUNCATE django_idempotency_record")
     from django.test import override_settings
 
-    call_command("migrate", "django_idempotency", "0002", verbosity=0)
+    call_command("migrate", "django_idempotency", "zero", verbosity=0)
     with override_settings(IDEMPOTENCY={**settings.IDEMPOTENCY, "PARTITION_RECORDS": partitioned}):
         call_command("migrate", "django_idempotency", verbosity=0)
     forget()
@@ -121,9 +121,10 @@ def measure(rows: int, live: int, partitioned: bool) -> dict[str, float]:
     from django_idempotency import retention
     from django_idempotency.models import IdempotencyRecord
     from django_idempotency.retention import partitions, sweeper
+    from django_idempotency.store import clock
 
     use_table(partitioned)
-    now = sweeper.store_now(connection)
+    now = clock.store_now(connection)
     old_day = sweeper.start_of_day(now) - dt.timedelta(days=10)
     if partitioned:
         partitions.ensure(connection, old_day.date())

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from django_idempotency.protocol.context import IdempotencyContext, current
     from django_idempotency.protocol.decorators import idempotent
     from django_idempotency.protocol.drf import IdempotentMixin, ReplayNegotiation
-    from django_idempotency.protocol.phases import derive_key
+    from django_idempotency.protocol.keys import derive_key
 
 #: Where each public name is defined, imported on first use so that importing the
 #: package (from settings, say) never pulls in models or DRF before Django is ready.
@@ -45,7 +45,7 @@ _HOMES = {
     "IdempotentMixin": "django_idempotency.protocol.drf",
     "ReplayNegotiation": "django_idempotency.protocol.drf",
     "current": "django_idempotency.protocol.context",
-    "derive_key": "django_idempotency.protocol.phases",
+    "derive_key": "django_idempotency.protocol.keys",
     "idempotent": "django_idempotency.protocol.decorators",
 }
 

@@ -270,7 +270,7 @@ class IdempotencySettings:
 
     @property
     def partition_records(self) -> bool:
-        """Whether migration 0003 partitions the record table by day on PostgreSQL.
+        """Whether the initial migration partitions the record table by day on PostgreSQL.
 
         Read when ``migrate`` applies 0003, not at run time: the store detects the
         table's kind on each database connection. See docs/retention.md to switch.

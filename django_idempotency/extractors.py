@@ -19,29 +19,14 @@ which the 400 problems name.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from typing import Any
 
 from django.http.request import RawPostDataException
 
 from django_idempotency.exceptions import InvalidKey
+from django_idempotency.protocol.keys import KeyExtractor, source
 
-KeyExtractor = Callable[[Any], "str | None"]
-
-__all__ = [
-    "KeyExtractor",
-    "body_field",
-    "check_key",
-    "combined",
-    "extract",
-    "header",
-    "source",
-]
-
-
-def source(extractor: KeyExtractor) -> str:
-    """What the problems call the place ``extractor`` reads its key from."""
-    return str(getattr(extractor, "source", "the field this endpoint takes its key from"))
+__all__ = ["KeyExtractor", "body_field", "combined", "header"]
 
 
 def _with_source(func: KeyExtractor, where: str) -> KeyExtractor:
@@ -134,64 +119,3 @@ def combined(*extractors: KeyExtractor, separator: str = ":") -> KeyExtractor:
         return separator.join(str(part) for part in parts)
 
     return _with_source(from_parts, " and ".join(source(e) for e in extractors))
-
-
-def extract(extractor: KeyExtractor, request: Any, *, max_length: int) -> str | None:
-    """Run ``extractor`` on ``request`` and check its key.
-
-    Args:
-        extractor: the view's ``key=``.
-        request: the Django ``HttpRequest`` or DRF ``Request``.
-        max_length: longest accepted key, in characters (``MAX_KEY_LENGTH``).
-
-    Returns:
-        The key: 1 to ``max_length`` printable ASCII characters; ``None`` when the
-        extractor found none.
-
-    Raises:
-        InvalidKey: the key is unusable (``str(exc)`` is the client-facing detail):
-            not a string, empty, too long or not printable ASCII, or the extractor
-            raised ``InvalidKey``, ``LookupError``, ``TypeError`` or ``ValueError``.
-    """
-    where = source(extractor)
-    try:
-        key = extractor(request)
-    except InvalidKey:
-        raise
-    except (LookupError, TypeError, ValueError) as exc:
-        raise InvalidKey(
-            f"The idempotency key could not be read from {where} ({type(exc).__name__})."
-        ) from None
-    if key is None:
-        return None
-    return check_key(key, where=where, max_length=max_length)
-
-
-def check_key(key: Any, *, where: str, max_length: int) -> str:
-    """``key`` if it is a usable idempotency key: 1 to ``max_length`` printable ASCII.
-
-    Args:
-        key: the candidate.
-        where: where it came from, for the message (``"the svix-id header"``).
-        max_length: longest accepted key, in characters.
-
-    Raises:
-        InvalidKey: not a string, empty, too long, or not printable ASCII (0x20-0x7E,
-            the alphabet of the ``Idempotency-Key`` header).
-    """
-    if not isinstance(key, str):
-        raise InvalidKey(f"The idempotency key from {where} is not a string.")
-    if not key:
-        raise InvalidKey(f"The idempotency key from {where} is empty.")
-    if len(key) > max_length:
-        raise InvalidKey(
-            f"The idempotency key from {where} is {len(key)} characters long; the limit "
-            f"is {max_length}."
-        )
-    for char in key:
-        if not 0x20 <= ord(char) <= 0x7E:
-            raise InvalidKey(
-                f"The idempotency key from {where} must be printable ASCII; it contains "
-                f"the character {char!r}."
-            )
-    return key

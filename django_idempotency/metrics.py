@@ -24,6 +24,7 @@ from django.db.models import Count, Min, Q
 from django.dispatch import Signal
 
 from django_idempotency import signals
+from django_idempotency.models import OutboxMessage, OutboxState
 from django_idempotency.store import clock
 from django_idempotency.store.routing import outbox_database
 
@@ -291,8 +292,6 @@ def outbox_stats(using: str | None = None) -> OutboxStats:
         django.db.DatabaseError: the database failed (the caller decides; the
             Prometheus collector skips the gauges for that scrape).
     """
-    from django_idempotency.models import OutboxMessage, OutboxState
-
     using = using or outbox_database()
     connection = connections[using]
     if connection.vendor == "postgresql":

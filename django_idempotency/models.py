@@ -5,12 +5,17 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+import django
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from django_idempotency._compat import check_constraint
+
+def check_constraint(condition: models.Q, name: str) -> models.CheckConstraint:
+    """A ``CheckConstraint`` for the running Django (``check=`` before Django 5.1)."""
+    keyword = "condition" if django.VERSION >= (5, 1) else "check"
+    return models.CheckConstraint(name=name, **{keyword: condition})  # type: ignore[arg-type]
 
 
 class RecordState(models.TextChoices):
@@ -28,7 +33,7 @@ class IdempotencyRecord(models.Model):
 
     Every write goes through ``django_idempotency.store``; the admin shows rows
     read-only. Times are in UTC; ``lease_until`` and ``expires_at`` follow the clock
-    described in ``django_idempotency.clock``.
+    described in ``django_idempotency.store.clock``.
 
     ``expires_at`` is the end of the record's retention window: until then a retry
     replays (or waits for) it. It only ever moves later, and never ends before a live
@@ -111,10 +116,10 @@ class OutboxMessage(models.Model):
     """An effect outside the database, written in the view's transaction (docs/outbox.md).
 
     Rows are created by ``django_idempotency.outbox.enqueue`` and delivered by the relay
-    (``django_idempotency.relay``). ``attempts`` counts deliveries started, so a relay
+    (``outbox.relay``). ``attempts`` counts deliveries started, so a relay
     killed mid-delivery counts as an attempt. ``available_at`` is when the message is
     next due (while a relay holds it: when that relay's lease ends). Times follow the
-    clock in ``django_idempotency.clock``.
+    clock in ``django_idempotency.store.clock``.
 
     ``record`` links the idempotency record of the request that enqueued it. It has no
     database constraint (the record table may be partitioned and swept by dropping

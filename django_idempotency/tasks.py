@@ -26,6 +26,7 @@ import logging
 from celery import shared_task  # type: ignore[import-untyped]
 from celery.exceptions import SoftTimeLimitExceeded  # type: ignore[import-untyped]
 
+from django_idempotency import retention
 from django_idempotency.management import jobs
 from django_idempotency.outbox import relay
 from django_idempotency.store.routing import all_databases
@@ -92,8 +93,6 @@ def sweep(using: str | None = None, dry_run: bool = False) -> dict[str, object]:
         that is unavailable has ``{"database": alias, "error": "..."}`` instead of its
         report, and the outage is logged (once per outage).
     """
-    from django_idempotency import retention
-
     logger = logging.getLogger("django_idempotency")
     aliases = (using,) if using else all_databases()
     reports: list[dict[str, object]] = []

@@ -73,20 +73,21 @@ def record_table(request: pytest.FixtureRequest, transactional_db: Any) -> Itera
         yield kind
         return
     from django_idempotency.models import IdempotencyRecord
-    from django_idempotency.retention import partitions
+    from django_idempotency.store.schema import tables
 
     with connection.schema_editor() as editor:
-        partitions.to_plain(connection, editor, IdempotencyRecord)
+        tables.to_plain(connection, editor, IdempotencyRecord)
     try:
         yield kind
     finally:
         connections.close_all()  # threads' connections are gone; ours re-reads the kind
-        from django_idempotency.retention import sweeper
+        from django_idempotency.store import clock
 
-        now = sweeper.store_now(connection)
+        now = clock.store_now(connection)
         days = [now.date() + dt.timedelta(days=n) for n in range(3)]
         with transaction.atomic():
-            partitions.to_partitioned(
+            tables.install_functions(connection)
+            tables.to_partitioned(
                 connection, keep_since=dt.datetime(1970, 1, 1, tzinfo=dt.UTC), days=days
             )
 

@@ -46,7 +46,7 @@ class IdempotencyRecordFactory(factory.django.DjangoModelFactory):
         from django.db import connection
 
         from django_idempotency.retention import partitions
-        from django_idempotency.store.schema import is_partitioned
+        from django_idempotency.store.catalog import is_partitioned
 
         if is_partitioned(connection):
             day = kwargs.get("sweep_after") or kwargs["expires_at"]

@@ -55,7 +55,7 @@ def test_filters_list_only_the_matching_records(staff_client):
 
     from django_idempotency.models import RecordState
     from django_idempotency.retention import partitions
-    from django_idempotency.store.schema import is_partitioned
+    from django_idempotency.store.catalog import is_partitioned
     from tests.factories import IdempotencyRecordFactory
 
     now = timezone.now()

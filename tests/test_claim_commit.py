@@ -8,15 +8,13 @@
   fence.
 * Where the app's block is the transaction, the completion carries its ``COMMIT`` (one
   round trip): a lost lease aborts the transaction before that ``COMMIT`` runs, a
-  deferred constraint it violates is still the view's error, and without the
-  completion function (code deployed before migration 0006 ran) or above READ
+  deferred constraint it violates is still the view's error, and above READ
   COMMITTED the ``COMMIT`` goes on its own.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -29,7 +27,6 @@ from django_idempotency.models import IdempotencyRecord
 from django_idempotency.store import claims as store_claims
 from django_idempotency.store import isolation as store_isolation
 from django_idempotency.store import rows as store_rows
-from django_idempotency.store import schema
 from tests.concurrency import token_client
 from tests.factories import TokenFactory
 from tests.faults import admin_connection
@@ -99,30 +96,6 @@ def test_the_completion_is_fenced_by_the_partition_key_too(record_table):
     with transaction.atomic():
         store.complete(won, RESPONSE)
     assert IdempotencyRecord.objects.get(pk=won.record_id).state == "completed"
-
-
-def test_the_pruned_completion_plans_one_partition(record_table):
-    if record_table != "partitioned":
-        pytest.skip("partitions only")
-    won = claim(scope())
-    from django_idempotency.store.sql import PG_COMPLETE_PRUNED_SQL
-
-    params = {
-        "status": 201,
-        "headers": "[]",
-        "body": b"",
-        "id": won.record_id,
-        "token": won.owner_token,
-        "grace": 1.0,
-        "clock_offset": 0.0,
-        "sweep_after": won.sweep_after,
-    }
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("EXPLAIN " + PG_COMPLETE_PRUNED_SQL, params)
-        plan = "\n".join(row[0] for row in cursor.fetchall())
-        transaction.set_rollback(True)
-    scanned = set(re.findall(r"django_idempotency_record_p\d{8}\b", plan))
-    assert len(scanned) == 1, plan  # without the key: every day partition
 
 
 # --- The COMMIT sent with the completion ---------------------------------------------
@@ -203,17 +176,10 @@ def test_the_completion_function_raises_when_fenced_off(record_table):
     assert (row.state, row.response_status, bytes(row.response_body)) == ("completed", 201, b"{}")
 
 
-def test_without_the_completion_function_the_plain_update_runs_and_commits_apart(
-    record_table, statements
-):
-    """The code deployed before migration 0006 ran: the function is not there yet."""
+def test_a_completion_late_in_a_short_window_pushes_the_window_past_its_lease(record_table):
+    """A window shorter than the lease: the completion keeps the response replayable for
+    at least the lease after it commits; a stale owner's completion is fenced off."""
     with transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute(schema.DROP_COMPLETE_FUNCTION)
-        schema.forget()
-        assert not schema.has_completion_function(connection)
-        assert not store.commits_with_completion(connection)
-        # A window shorter than the lease: the completion pushes the window past it.
         won = store.claim(scope(), FP, lease=30, retention=1)
         assert isinstance(won, store.Claim)
         window = IdempotencyRecord.objects.get(pk=won.record_id).expires_at
@@ -221,13 +187,8 @@ def test_without_the_completion_function_the_plain_update_runs_and_commits_apart
         with pytest.raises(exceptions.LeaseLost), transaction.atomic():
             store.complete(stale, RESPONSE)
         assert store.complete(won, RESPONSE) is False
-        assert any(sql.lstrip().startswith(("UPDATE", "WITH")) for sql in statements)
-        assert not any(sql.startswith("SELECT django_idempotency_complete(") for sql in statements)
         row = IdempotencyRecord.objects.get(pk=won.record_id)
         assert row.state == "completed" and row.expires_at > window
-        transaction.set_rollback(True)  # DDL is transactional: the function is back
-    schema.forget()
-    assert schema.has_completion_function(connection)
 
 
 def test_no_committing_completion_above_read_committed_or_with_server_binding(
@@ -280,11 +241,12 @@ def test_a_deferred_constraint_refused_by_the_committing_completion_is_the_views
 
 def test_the_claims_column_names_are_the_ones_postgresql_returns(record_table):
     """The store reads claim rows by position (no description built per request)."""
-    from django_idempotency.store.schema import (
+    from django_idempotency.store.sql import (
+        PG_CLAIM_COLUMNS,
+        PG_CLAIM_SQL,
         PG_PARTITIONED_CLAIM_COLUMNS,
         PG_PARTITIONED_CLAIM_SQL,
     )
-    from django_idempotency.store.sql import PG_CLAIM_COLUMNS, PG_CLAIM_SQL
 
     sc = scope()
     params = store_rows.pg_params(

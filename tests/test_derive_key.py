@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from django_idempotency.protocol.phases import derive_key
+from django_idempotency import derive_key
 
 FORMAT = re.compile(r"^idk_[0-9a-f]{32}$")
 

@@ -21,6 +21,8 @@ from django.test import override_settings
 from django_idempotency import exceptions, retention, store, testing
 from django_idempotency.models import IdempotencyRecord, OutboxMessage
 from django_idempotency.retention import partitions, sweeper
+from django_idempotency.store import clock
+from django_idempotency.store.schema import tables
 from tests.concurrency import Runner, token_client
 from tests.testapp.gates import GATES, Gate
 
@@ -50,7 +52,7 @@ def exists(won: store.Claim) -> bool:
 
 def to_midnight() -> float:
     """Seconds from now (the store's clock) to the next midnight UTC."""
-    now = sweeper.store_now(connection)
+    now = clock.store_now(connection)
     return (sweeper.start_of_day(now) + dt.timedelta(days=1) - now).total_seconds()
 
 
@@ -422,10 +424,10 @@ def test_the_sweeper_creates_every_partition_a_claim_needs(record_table):
         pytest.skip("partitions only")
     retention.sweep()
     before = {p.name for p in partitions.list_partitions(connection)}
-    today = sweeper.store_now(connection).date()
+    today = clock.store_now(connection).date()
     needed = {
         partitions.partition_name(today + dt.timedelta(days=n))
-        for n in range(sweeper.days_ahead() + 1)
+        for n in range(tables.days_ahead() + 1)
     }
     assert needed <= before
     claim(scope(), retention_s=7 * DAY)  # MAX_RETENTION's window: created already
@@ -435,7 +437,7 @@ def test_the_sweeper_creates_every_partition_a_claim_needs(record_table):
 def test_record_migrations_pass_router_hints():
     from importlib import import_module
 
-    for name in ("0003_partitioned_records", "0004_sweep_after"):
+    for name in ("0001_initial",):
         module = import_module(f"django_idempotency.migrations.{name}")
         runs = [op for op in module.Migration.operations if op.__class__.__name__ == "RunPython"]
         assert runs and all(op.hints == {"model_name": "idempotencyrecord"} for op in runs)

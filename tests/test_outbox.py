@@ -14,10 +14,9 @@ from django.db import transaction
 from django.test import override_settings
 from django.utils import timezone
 
-from django_idempotency import exceptions, outbox
+from django_idempotency import derive_key, exceptions, outbox
 from django_idempotency.conf import conf
 from django_idempotency.models import IdempotencyRecord, OutboxMessage, OutboxState
-from django_idempotency.protocol.phases import derive_key
 from tests.testapp.gates import HOOKS
 from tests.testapp.models import Widget
 

@@ -21,12 +21,10 @@ from django_idempotency import exceptions, retention, store, testing
 from django_idempotency.conf import conf
 from django_idempotency.models import IdempotencyRecord, RecordState
 from django_idempotency.retention import partitions, sweeper
-from django_idempotency.store.schema import (
-    PG_PARTITIONED_CLAIM_SQL,
-    SWEEP_LOCK,
-    forget,
-    is_partitioned,
-)
+from django_idempotency.store import clock
+from django_idempotency.store.catalog import forget, is_partitioned
+from django_idempotency.store.schema.functions import SWEEP_LOCK
+from django_idempotency.store.sql import PG_PARTITIONED_CLAIM_SQL
 from tests.concurrency import Runner
 from tests.factories import IdempotencyRecordFactory
 
@@ -52,7 +50,7 @@ def done(won: store.Claim, body: bytes = b"{}") -> None:
 
 
 def db_now() -> dt.datetime:
-    return sweeper.store_now(connection)
+    return clock.store_now(connection)
 
 
 def to_midnight() -> float:

@@ -26,7 +26,7 @@ from django_idempotency import outbox, retention, store, testing
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.outbox import relay
 from django_idempotency.retention import sweeper
-from django_idempotency.store.schema import SWEEP_LOCK
+from django_idempotency.store.schema.functions import SWEEP_LOCK
 from tests.concurrency import Runner
 from tests.pgbouncer import pgbouncer_port
 

@@ -11,12 +11,11 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from django_idempotency import exceptions, store
+from django_idempotency import derive_key, exceptions, store
 from django_idempotency.exceptions import PhaseError
 from django_idempotency.models import IdempotencyRecord, OutboxMessage, RecordState
 from django_idempotency.protocol.context import IdempotencyContext
 from django_idempotency.protocol.options import Options
-from django_idempotency.protocol.phases import derive_key
 from django_idempotency.testing import travel
 from tests.concurrency import Runner, token_client
 from tests.testapp.gates import HOOKS

@@ -124,7 +124,7 @@ def test_replay_costs_one_statement_on_postgres(api: APIClient, on_postgres: boo
 def test_the_table_kind_is_asked_once_per_process_not_per_connection(
     alice: Any, on_postgres: bool
 ) -> None:
-    from django_idempotency.store.schema import forget
+    from django_idempotency.store.catalog import forget
 
     forget()
     api = client_for(alice)

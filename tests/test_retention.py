@@ -18,7 +18,7 @@ from django_idempotency import retention, store, testing
 from django_idempotency.checks.settings import check_settings
 from django_idempotency.checks.views import check_view_retention
 from django_idempotency.models import IdempotencyRecord, OutboxMessage, OutboxState
-from django_idempotency.retention import sweeper
+from django_idempotency.store import clock
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -144,7 +144,7 @@ def test_batched_delete_removes_everything_in_small_batches():
 
 
 def _message(state: str, sent_days_ago: float | None, created_days_ago: float = 0) -> OutboxMessage:
-    now = sweeper.store_now(connection)
+    now = clock.store_now(connection)
     sent_at = None if sent_days_ago is None else now - dt.timedelta(days=sent_days_ago)
     return OutboxMessage.objects.create(
         topic="t",

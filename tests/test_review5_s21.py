@@ -49,7 +49,7 @@ def _response() -> store.StoredResponse:
 
 
 def partitioned() -> bool:
-    from django_idempotency.store.schema import is_partitioned
+    from django_idempotency.store.catalog import is_partitioned
 
     return is_partitioned(connection)
 

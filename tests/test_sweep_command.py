@@ -17,7 +17,7 @@ from django.db import connection
 from django_idempotency import retention, store, testing
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.retention import sweeper as retention_sweeper
-from django_idempotency.store.schema import SWEEP_LOCK
+from django_idempotency.store.schema.functions import SWEEP_LOCK
 from tests.faults import wait_for
 from tests.test_relay_outages import outage_lines, proxy
 from tests.test_relay_stops import child

@@ -22,8 +22,7 @@ from rest_framework.views import APIView
 
 from django_idempotency.protocol.drf import IdempotentMixin
 from django_idempotency.store import clock
-from django_idempotency.store.schema import PG_PARTITIONED_CLAIM_SQL
-from django_idempotency.store.sql import complete_call_sql
+from django_idempotency.store.sql import PG_PARTITIONED_CLAIM_SQL, complete_call_sql
 
 from .models import FloorRecord, Item
 

@@ -15,6 +15,8 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 
 from django_idempotency.conf import DEFAULTS, conf
 from django_idempotency.protocol.responses import FORBIDDEN_HEADERS
+from django_idempotency.store import stricter_than_read_committed
+from django_idempotency.store.routing import outbox_database, record_database
 
 
 @register()
@@ -168,8 +170,6 @@ def check_production_database(
         return []
     from django.db import connections
 
-    from django_idempotency.store.routing import outbox_database, record_database
-
     warnings: list[CheckMessage] = []
     for alias in sorted({record_database(), outbox_database()}):
         vendor = connections[alias].vendor
@@ -194,9 +194,6 @@ def check_isolation_level(
 ) -> list[CheckMessage]:
     """W006: the records' database runs above READ COMMITTED (docs/retention.md)."""
     from django.db import connections
-
-    from django_idempotency.store import stricter_than_read_committed
-    from django_idempotency.store.routing import record_database
 
     alias = record_database()
     if not stricter_than_read_committed(connections[alias]):

@@ -25,6 +25,7 @@ from django_idempotency.checks.urls import (
 )
 from django_idempotency.conf import conf
 from django_idempotency.protocol.decorators import DECORATED, is_idempotent_layer
+from django_idempotency.protocol.drf import shadowing
 
 
 @register(Tags.urls)
@@ -343,8 +344,6 @@ def _machinery(view_class: type) -> set[str]:
 
 def _misplaced(view_class: type) -> Iterator[tuple[str, str]]:
     """(message, hint) for each way ``view_class``'s idempotency cannot work as built."""
-    from django_idempotency.protocol.drf import shadowing
-
     for name in sorted(_machinery(view_class)):
         if not hasattr(getattr(view_class, name, None), "_idempotency_options"):
             continue

@@ -127,7 +127,8 @@ def _backoff_hook(exc: Exception) -> bool | float:
     return exc.wait if isinstance(exc, _Retry) else False
 
 
-def _describe(method: str, url: str, response: httpx.Response) -> str:
+def describe(method: str, url: str, response: httpx.Response) -> str:
+    """One line for an error message: the request, the status and the problem, if any."""
     text = f"{method} {url}: {response.status_code} {response.reason_phrase}"
     problem = problem_of(response)
     if problem:

@@ -19,8 +19,8 @@ from django_idempotency.client.errors import (
     NonRetryableError,
     ResponseNotReplayable,
     RetriesExhausted,
-    _describe,
     _Retry,
+    describe,
 )
 from django_idempotency.client.keystore import KeyStore, MemoryKeyStore, new_key
 from django_idempotency.client.responses import (
@@ -124,7 +124,7 @@ class _Base:
             not_replayable = problem_slug(response) == NOT_REPLAYABLE
             final = ResponseNotReplayable if not_replayable else NonRetryableError
             raise final(
-                _describe(method, url, response),
+                describe(method, url, response),
                 key=key,
                 operation=operation,
                 response=response,
@@ -138,7 +138,7 @@ class _Base:
         retry: _Retry, method: str, url: str, key: str, operation: str | None, attempts: int
     ) -> RetriesExhausted:
         if retry.response is not None:
-            last = _describe(method, url, retry.response)
+            last = describe(method, url, retry.response)
         else:
             last = f"{method} {url}: {type(retry.error).__name__}: {retry.error}"
         return RetriesExhausted(

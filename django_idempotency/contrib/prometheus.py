@@ -29,6 +29,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from django_idempotency import metrics
+from django_idempotency.store.routing import outbox_database
 
 logger = logging.getLogger("django_idempotency.metrics")
 
@@ -147,8 +148,6 @@ class OutboxCollector(Collector):
             return iter(())
         finally:
             if self.close_connection:
-                from django_idempotency.store.routing import outbox_database
-
                 connection = connections[self.using or outbox_database()]
                 if not connection.in_atomic_block:
                     connection.close()

@@ -21,7 +21,7 @@ caught without a savepoint) has its result returned unstored and the key release
 block opened inside a running block or view with the same scope is part of it
 (``context.running``): it runs, and the outer one stores the result.
 
-Inside the body, ``django_idempotency.context.current()`` is the attempt's context
+Inside the body, ``django_idempotency.current()`` is the attempt's context
 (``extend_lease()``, ``derive_key()``; ``outbox.enqueue`` links its messages to the
 record and derives their dedup keys from it), as in a view.
 """

@@ -18,12 +18,13 @@ from typing import Any, TypeVar
 
 from django.db import DatabaseError, InterfaceError, transaction
 
-from django_idempotency import exceptions, extractors, signals, store, transactions
+from django_idempotency import exceptions, signals, store, transactions
 from django_idempotency.conf import conf
 from django_idempotency.exceptions import InFlight, KeyReused, UnstorableResult
 from django_idempotency.logging import key_hash
 from django_idempotency.protocol.begin import fit
 from django_idempotency.protocol.context import IdempotencyContext, running
+from django_idempotency.protocol.keys import check_key
 from django_idempotency.store import presence
 from django_idempotency.store.routing import record_database
 from django_idempotency.transactions import write_guard
@@ -181,7 +182,7 @@ def once(
         receiver raised, before the block ran, the key released.
     """
     max_length = min(conf.max_key_length, _COLUMN)
-    key = extractors.check_key(key, where="the key argument", max_length=max_length)
+    key = check_key(key, where="the key argument", max_length=max_length)
     if not principal or not isinstance(principal, str):
         raise exceptions.InvalidKey("once() needs a principal: a non-empty string")
     if not endpoint or not isinstance(endpoint, str):

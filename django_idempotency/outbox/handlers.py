@@ -2,7 +2,7 @@
 
 A handler is registered per topic with ``@outbox.handler("worker.boot")`` (the same
 function as :func:`register`, re-exported by ``django_idempotency.outbox``). The relay
-(``django_idempotency.relay``) looks handlers up here, so it needs neither
+(``outbox.relay``) looks handlers up here, so it needs neither
 ``outbox`` nor Celery: imports run one way, ``tasks -> relay -> handlers`` and
 ``outbox -> handlers``. See docs/outbox.md.
 """

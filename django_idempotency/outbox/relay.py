@@ -52,7 +52,7 @@ def deliver_batch(
     ones); with ``threads`` above 1, handlers of one batch overlap and may finish in
     any order. On PostgreSQL, delivered messages are marked sent in groups no older
     than ``OUTBOX_MARK_DELAY``, a watchdog writing a group whose deadline passes
-    while a handler blocks (``django_idempotency.marks``); elsewhere each one before
+    while a handler blocks (``outbox.marks``); elsewhere each one before
     the next handler starts. All are written when this returns. Once half the lease
     has gone, the relay stops starting handlers and hands the rest of the batch back
     (due at once), so a long batch never outlives its lease. Due messages whose last

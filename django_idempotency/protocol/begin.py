@@ -19,10 +19,10 @@ from django.http import HttpRequest, UnreadablePostError
 from django.http.multipartparser import MultiPartParserError
 from django.http.request import RawPostDataException
 
-from django_idempotency import extractors, store, transactions
+from django_idempotency import store, transactions
 from django_idempotency.conf import conf
 from django_idempotency.exceptions import InvalidKey
-from django_idempotency.protocol import fingerprint, problems
+from django_idempotency.protocol import fingerprint, keys, problems
 from django_idempotency.protocol.context import running
 from django_idempotency.protocol.decide import decide, key_name
 from django_idempotency.protocol.decisions import (
@@ -150,7 +150,7 @@ def _key(request: Any, http: HttpRequest, options: Options) -> str | Respond | B
         if extractor is None:
             key = parse_key(http.headers.get(HEADER), max_length=max_length)
         else:
-            key = extractors.extract(extractor, request, max_length=max_length)
+            key = keys.extract(extractor, request, max_length=max_length)
     except InvalidKey as exc:
         kind = problems.INVALID_KEY if extractor is None else problems.INVALID_EXTRACTED_KEY
         return problem(kind, str(exc))
@@ -161,7 +161,7 @@ def _key(request: Any, http: HttpRequest, options: Options) -> str | Respond | B
     if extractor is not None:
         return problem(
             problems.MISSING_EXTRACTED_KEY,
-            f"This endpoint takes its idempotency key from {extractors.source(extractor)}, "
+            f"This endpoint takes its idempotency key from {keys.source(extractor)}, "
             "which the request does not carry.",
         )
     return problem(

@@ -12,6 +12,7 @@ from typing import Any
 from django.db import transaction
 
 from django_idempotency import store
+from django_idempotency.protocol import keys
 from django_idempotency.protocol import phases as _phases
 from django_idempotency.store.routing import record_database
 
@@ -121,10 +122,10 @@ class IdempotencyContext:
         """A stable sub-key for a downstream system: same key, same ``name``, same result.
 
         Pass it as the idempotency key / request id of a downstream call so a retry
-        converges on the same downstream object. Format: ``phases.derive_key``
+        converges on the same downstream object. Format: ``keys.derive_key``
         (``"idk_"`` + 32 lowercase hex characters).
         """
-        return _phases.derive_key(self.principal, self.endpoint, self.key, name)
+        return keys.derive_key(self.principal, self.endpoint, self.key, name)
 
     def done(self, name: str) -> bool:
         """Whether phase ``name`` already finished (at or before the recovery point).

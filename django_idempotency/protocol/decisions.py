@@ -34,7 +34,7 @@ class Respond:
 
 @dataclass(frozen=True)
 class Proceed:
-    """The request owns the key: run the view through ``execution.execute``."""
+    """The request owns the key: run the view through ``execute.execute``."""
 
     claim: store.Claim
     options: Options

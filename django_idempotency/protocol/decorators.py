@@ -10,6 +10,11 @@ from typing import Any, TypeVar, overload
 from asgiref.sync import async_to_sync, sync_to_async
 
 from django_idempotency.protocol.begin import SAFE_METHODS
+from django_idempotency.protocol.drf import (
+    closure_options,
+    function_negotiation,
+    replay_negotiation,
+)
 from django_idempotency.protocol.handle import (
     atomic_requests_blocks,
     find_request,
@@ -41,8 +46,6 @@ def _wrap_api_view(view: Any, decorate: Callable[[Any], Any]) -> Any:
     permissions and throttling; the view as a whole is exempted from
     ``ATOMIC_REQUESTS`` so its claims commit on their own.
     """
-    from django_idempotency.protocol.drf import _closure_options, replay_negotiation
-
     view_class = view.cls
     if "WrappedAPIView" not in view_class.__qualname__:
         raise TypeError(
@@ -52,7 +55,7 @@ def _wrap_api_view(view: Any, decorate: Callable[[Any], Any]) -> Any:
         )
     for method in view_class.http_method_names:
         handler = view_class.__dict__.get(method)
-        if handler is not None and _closure_options(handler) is not None:
+        if handler is not None and closure_options(handler) is not None:
             raise TypeError(
                 f"@api_view function {view_class.__name__!r} is already @idempotent (below "
                 "@api_view): a second @idempotent above it would claim every key twice. "
@@ -216,7 +219,6 @@ def idempotent(view: F | None = None, /, **options: Any) -> F | Callable[[F], F]
 
             wrapper = _sync_wrapper
             # For @api_view above this decorator (DRF 3.17+ reads the attribute).
-            from django_idempotency.protocol.drf import function_negotiation
 
             wrapper.content_negotiation_class = function_negotiation(func)
         wrapper._idempotency_options = opts

@@ -26,7 +26,7 @@ from django_idempotency.protocol.keys import HEADER
 from django_idempotency.protocol.options import Options
 
 
-def _closure_options(handler: Any) -> Options | None:
+def closure_options(handler: Any) -> Options | None:
     """Options of an ``@idempotent`` function that DRF's ``@api_view`` closes over."""
     func = getattr(handler, "__func__", handler)
     for cell in getattr(func, "__closure__", None) or ():
@@ -61,7 +61,7 @@ def options_for(view: Any, method: str) -> Options | None:
     options = getattr(handler, "_idempotency_options", None)
     if isinstance(options, Options):
         return options
-    options = _closure_options(handler)
+    options = closure_options(handler)
     if options is None and hasattr(view, "idempotency_options_for"):
         options = view.idempotency_options_for(action)
     return options

@@ -1,6 +1,12 @@
-"""Parse and validate the ``Idempotency-Key`` request header.
+"""Idempotency keys: the ``Idempotency-Key`` header, key extractors' keys, derived keys.
 
-Two spellings are accepted (docs/protocol.md#the-idempotency-key-header):
+* :func:`parse_key`: the header (below); :func:`extract` and :func:`check_key`: a key
+  taken from elsewhere (a view's ``key=`` extractor, ``inbox.once()``'s argument), held
+  to the header's alphabet and length;
+* :func:`derive_key`: a stable sub-key for a downstream system (docs/phases.md), a pure
+  function, importable before Django is set up.
+
+Two spellings of the header are accepted (docs/protocol.md#the-idempotency-key-header):
 
 * the IETF draft's Structured Field String (draft-ietf-httpapi-idempotency-key-header
   §2, RFC 9651 §3.3.3), e.g. ``"8e03978e-40d5-43e8-bc93-6894a57f9324"``, parsed with
@@ -12,9 +18,16 @@ Both name the same key: ``"abc"`` and ``abc`` are one key.
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
 import http_sfv
 
 from django_idempotency.exceptions import InvalidKey
+
+#: A key extractor (``key=``): ``callable(request) -> str | None`` (``extractors``).
+KeyExtractor = Callable[[Any], "str | None"]
 
 HEADER = "Idempotency-Key"
 
@@ -104,3 +117,103 @@ def parse_key(raw: str | None, *, max_length: int) -> str | None:
             f"{max_length}. A UUID (36 characters) is a good key."
         )
     return key
+
+
+def source(extractor: KeyExtractor) -> str:
+    """What the problems call the place ``extractor`` reads its key from."""
+    return str(getattr(extractor, "source", "the field this endpoint takes its key from"))
+
+
+def extract(extractor: KeyExtractor, request: Any, *, max_length: int) -> str | None:
+    """Run ``extractor`` on ``request`` and check its key.
+
+    Args:
+        extractor: the view's ``key=``.
+        request: the Django ``HttpRequest`` or DRF ``Request``.
+        max_length: longest accepted key, in characters (``MAX_KEY_LENGTH``).
+
+    Returns:
+        The key: 1 to ``max_length`` printable ASCII characters; ``None`` when the
+        extractor found none.
+
+    Raises:
+        InvalidKey: the key is unusable (``str(exc)`` is the client-facing detail):
+            not a string, empty, too long or not printable ASCII, or the extractor
+            raised ``InvalidKey``, ``LookupError``, ``TypeError`` or ``ValueError``.
+    """
+    where = source(extractor)
+    try:
+        key = extractor(request)
+    except InvalidKey:
+        raise
+    except (LookupError, TypeError, ValueError) as exc:
+        raise InvalidKey(
+            f"The idempotency key could not be read from {where} ({type(exc).__name__})."
+        ) from None
+    if key is None:
+        return None
+    return check_key(key, where=where, max_length=max_length)
+
+
+def check_key(key: Any, *, where: str, max_length: int) -> str:
+    """``key`` if it is a usable idempotency key: 1 to ``max_length`` printable ASCII.
+
+    Args:
+        key: the candidate.
+        where: where it came from, for the message (``"the svix-id header"``).
+        max_length: longest accepted key, in characters.
+
+    Raises:
+        InvalidKey: not a string, empty, too long, or not printable ASCII (0x20-0x7E,
+            the alphabet of the ``Idempotency-Key`` header).
+    """
+    if not isinstance(key, str):
+        raise InvalidKey(f"The idempotency key from {where} is not a string.")
+    if not key:
+        raise InvalidKey(f"The idempotency key from {where} is empty.")
+    if len(key) > max_length:
+        raise InvalidKey(
+            f"The idempotency key from {where} is {len(key)} characters long; the limit "
+            f"is {max_length}."
+        )
+    for char in key:
+        if not 0x20 <= ord(char) <= 0x7E:
+            raise InvalidKey(
+                f"The idempotency key from {where} must be printable ASCII; it contains "
+                f"the character {char!r}."
+            )
+    return key
+
+
+#: Prefix of every derived key.
+DERIVED_KEY_PREFIX = "idk_"
+#: Domain-separation tag hashed before the inputs; bumping it changes every key.
+_DERIVE_TAG = b"django-idempotency:derive-key:v1"
+
+
+def derive_key(principal: str, endpoint: str, key: str, name: str) -> str:
+    """A stable sub-key for a downstream system, from the record's scope and ``name``.
+
+    Format (stable across processes and releases): ``"idk_"`` followed by 32 lowercase
+    hexadecimal characters (``[0-9a-f]``), 36 characters in all. The hex part is the
+    first 128 bits of SHA-256 over the tag ``b"django-idempotency:derive-key:v1"`` and
+    then, for each of ``principal``, ``endpoint``, ``key`` and ``name`` in this order,
+    its UTF-8 length as a 4-byte big-endian integer followed by its UTF-8 bytes. The
+    length framing keeps ``("ab", "c")`` and ``("a", "bc")`` apart. No secret is
+    involved: the key is an identifier, not a credential.
+
+    Args:
+        principal: the record's principal (``request.idempotency.principal``).
+        endpoint: the record's endpoint (``"POST /v1/workers"``).
+        key: the client's idempotency key.
+        name: what the sub-key is for (``"boot"``), chosen by the view.
+
+    Returns:
+        The derived key, e.g. ``"idk_3f0c..."`` (36 characters).
+    """
+    digest = hashlib.sha256(_DERIVE_TAG)
+    for part in (principal, endpoint, key, name):
+        data = part.encode("utf-8", "surrogatepass")
+        digest.update(len(data).to_bytes(4, "big"))
+        digest.update(data)
+    return DERIVED_KEY_PREFIX + digest.hexdigest()[:32]

@@ -7,12 +7,39 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from django_idempotency.conf import conf, resolve_callable
-from django_idempotency.protocol.phases import validate_phases
 from django_idempotency.protocol.responses import FORBIDDEN_HEADERS
+from django_idempotency.store.routing import for_request
 
 PrincipalResolver = Callable[[Any], "str | None"]
 KeyExtractor = Callable[[Any], "str | None"]
 ReleasePredicate = Callable[[int], bool]
+
+
+#: Longest phase name: the width of ``IdempotencyRecord.recovery_point``.
+MAX_PHASE_LENGTH = 64
+
+
+def validate_phases(value: object) -> tuple[str, ...]:
+    """Check a view's ``phases=`` option and return it as a tuple.
+
+    Raises:
+        TypeError: not a list of distinct, non-empty strings of at most 64 characters.
+    """
+    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
+        raise TypeError(
+            "phases takes the list of phase names in order, e.g. "
+            f'phases=["allocated", "leased", "booted"], not {value!r}'
+        )
+    names = tuple(value)
+    for name in names:
+        if not isinstance(name, str) or not 0 < len(name) <= MAX_PHASE_LENGTH:
+            raise TypeError(
+                f"each phase name must be a string of 1 to {MAX_PHASE_LENGTH} characters, "
+                f"not {name!r}"
+            )
+    if len(set(names)) != len(names):
+        raise TypeError(f"phase names must be distinct: {list(names)!r}")
+    return names
 
 
 @dataclass(frozen=True)
@@ -165,8 +192,6 @@ class Options:
             django.core.exceptions.ImproperlyConfigured: the choice is not an alias in
                 ``settings.DATABASES``.
         """
-        from django_idempotency.store.routing import for_request
-
         return for_request(request, self.using)
 
     def get_key_extractor(self) -> KeyExtractor | None:

@@ -8,41 +8,30 @@ resumes after the last finished phase; finished phases are never repeated. This 
 shape of brandur/rocket-rides-atomic (atomic phases, recovery points), see
 docs/phases.md.
 
-:func:`derive_key` gives the stable sub-key a phase passes to a downstream system, so a
+``keys.derive_key`` gives the stable sub-key a phase passes to a downstream system, so a
 retry of a phase that did not commit converges on the same downstream ids.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, InterfaceError, transaction
 from django.http.response import HttpResponseBase
 
-from django_idempotency import exceptions
+from django_idempotency import exceptions, store, transactions
 from django_idempotency.exceptions import PhaseError
+from django_idempotency.protocol.responses import rebuild_consumed, snapshot
 
 if TYPE_CHECKING:
-    from django_idempotency import store
     from django_idempotency.protocol.context import IdempotencyContext
     from django_idempotency.protocol.options import Options
 
-# ``store`` and ``responses`` (models) are imported inside the functions that use them:
-# ``derive_key`` and ``validate_phases`` are pure and importable before Django is set
-# up (``options.py`` imports this module).
 
 logger = logging.getLogger("django_idempotency")
-
-#: Longest phase name: the width of ``IdempotencyRecord.recovery_point``.
-MAX_PHASE_LENGTH = 64
-#: Prefix of every derived key.
-DERIVED_KEY_PREFIX = "idk_"
-#: Domain-separation tag hashed before the inputs; bumping it changes every key.
-_DERIVE_TAG = b"django-idempotency:derive-key:v1"
 
 
 class CompletionFailed(RuntimeError):
@@ -50,57 +39,6 @@ class CompletionFailed(RuntimeError):
 
     The claim was released or suspended; the caller answers 503 (docs/robustness.md).
     """
-
-
-def derive_key(principal: str, endpoint: str, key: str, name: str) -> str:
-    """A stable sub-key for a downstream system, from the record's scope and ``name``.
-
-    Format (stable across processes and releases): ``"idk_"`` followed by 32 lowercase
-    hexadecimal characters (``[0-9a-f]``), 36 characters in all. The hex part is the
-    first 128 bits of SHA-256 over the tag ``b"django-idempotency:derive-key:v1"`` and
-    then, for each of ``principal``, ``endpoint``, ``key`` and ``name`` in this order,
-    its UTF-8 length as a 4-byte big-endian integer followed by its UTF-8 bytes. The
-    length framing keeps ``("ab", "c")`` and ``("a", "bc")`` apart. No secret is
-    involved: the key is an identifier, not a credential.
-
-    Args:
-        principal: the record's principal (``request.idempotency.principal``).
-        endpoint: the record's endpoint (``"POST /v1/workers"``).
-        key: the client's idempotency key.
-        name: what the sub-key is for (``"boot"``), chosen by the view.
-
-    Returns:
-        The derived key, e.g. ``"idk_3f0c..."`` (36 characters).
-    """
-    digest = hashlib.sha256(_DERIVE_TAG)
-    for part in (principal, endpoint, key, name):
-        data = part.encode("utf-8", "surrogatepass")
-        digest.update(len(data).to_bytes(4, "big"))
-        digest.update(data)
-    return DERIVED_KEY_PREFIX + digest.hexdigest()[:32]
-
-
-def validate_phases(value: object) -> tuple[str, ...]:
-    """Check a view's ``phases=`` option and return it as a tuple.
-
-    Raises:
-        TypeError: not a list of distinct, non-empty strings of at most 64 characters.
-    """
-    if isinstance(value, (str, bytes)) or not isinstance(value, Iterable):
-        raise TypeError(
-            "phases takes the list of phase names in order, e.g. "
-            f'phases=["allocated", "leased", "booted"], not {value!r}'
-        )
-    names = tuple(value)
-    for name in names:
-        if not isinstance(name, str) or not 0 < len(name) <= MAX_PHASE_LENGTH:
-            raise TypeError(
-                f"each phase name must be a string of 1 to {MAX_PHASE_LENGTH} characters, "
-                f"not {name!r}"
-            )
-    if len(set(names)) != len(names):
-        raise TypeError(f"phase names must be distinct: {list(names)!r}")
-    return names
 
 
 def position(phases: tuple[str, ...], name: str) -> int:
@@ -148,7 +86,6 @@ def phase_block(context: IdempotencyContext, name: str) -> Iterator[None]:
             f"and must not run again: guard it with "
             f"`if request.idempotency.pending({name!r}):`."
         )
-    from django_idempotency import store, transactions
 
     using = context.claim.using
     doomed = ""
@@ -211,9 +148,6 @@ def execute(
             (no phase committed) or suspended (a retry resumes).
         Whatever the view raised, after the claim was released or suspended.
     """
-    from django_idempotency import store
-    from django_idempotency.protocol.responses import rebuild_consumed, snapshot
-
     claim = context.claim
     try:
         response = finalize(call())
@@ -250,7 +184,6 @@ def _unwind(
     if not context.recovery_point:
         release(context.claim, status)
         return
-    from django_idempotency import store
 
     extra = {"principal": context.principal, "endpoint": context.endpoint}
     try:

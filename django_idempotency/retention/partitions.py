@@ -1,7 +1,7 @@
 """Day partitions of the record table on PostgreSQL.
 
-List them, create them ahead, drop them behind, and convert between the plain and the
-partitioned table (migration 0003).
+List them, create them ahead, drop them behind (the sweeper); the table itself, and
+the conversions between the plain and the partitioned table, are ``store.schema``'s.
 Every function takes a Django connection and runs in its current transaction state;
 :func:`drop` needs autocommit (outside ``transaction.atomic``) to detach without
 blocking claims. Days are UTC dates. See docs/retention.md.
@@ -20,25 +20,7 @@ from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_idempotency.store import clock
-from django_idempotency.store.schema import (
-    CLAIM_FUNCTION_V1,
-    CLAIM_FUNCTION_V2,
-    CLAIM_FUNCTION_V3,
-    DROP_CLAIM_FUNCTION_V3,
-    DROP_FUNCTIONS_V1,
-    ENSURE_PARTITION_FUNCTION_V1,
-    PARTITION_PREFIX,
-    SCOPE_TRIGGER_FUNCTION_V1,
-    SCOPE_TRIGGER_V1,
-    TABLE,
-    forget,
-)
-
-#: PostgreSQL 14 brought ``DETACH PARTITION ... CONCURRENTLY``; 13 BEFORE row triggers
-#: on partitioned tables. Older servers keep the plain table.
-MIN_SERVER_VERSION = 140000
-_PLAIN_COPY = f"{TABLE}_unpartitioned"
-_PARTITIONED_COPY = f"{TABLE}_partitioned"
+from django_idempotency.store.schema.functions import PARTITION_PREFIX, TABLE
 
 
 @dataclass(frozen=True)
@@ -206,7 +188,7 @@ def holds_live_records(
 
     One probe of the partition's ``expires_at`` index: a record's window never ends
     before its lease (every write of the store keeps ``expires_at >= lease_until``, and
-    migration 0004 made older rows follow the rule).
+    no row is written otherwise).
 
     With ``lock_timeout`` (seconds), the probe first takes the partition's ``SHARE``
     lock, which waits for the transactions writing to it (a late completion, a
@@ -241,155 +223,3 @@ def _detach_pending(cursor: Any, name: str) -> bool:
         [name],
     )
     return bool(cursor.fetchone()[0])
-
-
-#: Rows written before migration 0004 may hold a lease past their window's end: the
-#: window is made to cover it (the sweeper's one-index test relies on it).
-WINDOW_COVERS_LEASE_SQL = (
-    "UPDATE {table} SET expires_at = lease_until "
-    "WHERE state = 'claimed' AND lease_until > expires_at"
-)
-
-#: The partition key of each version of the partitioned table (migration 0003: 1,
-#: migration 0004: 2, migration 0005: 3, the current one: the claim function with
-#: owner presence, same table).
-PARTITION_KEYS = {1: "created_at", 2: "sweep_after", 3: "sweep_after"}
-CURRENT_VERSION = 3
-
-
-def install_functions(connection: BaseDatabaseWrapper, *, version: int = CURRENT_VERSION) -> None:
-    """Create (or replace) the server-side functions of the partitioned table."""
-    claims = [CLAIM_FUNCTION_V2 if version >= 2 else CLAIM_FUNCTION_V1]
-    if version >= 3:
-        claims.append(CLAIM_FUNCTION_V3)  # beside V2, which older processes still call
-    with connection.cursor() as cursor:
-        for sql in (ENSURE_PARTITION_FUNCTION_V1, *claims, SCOPE_TRIGGER_FUNCTION_V1):
-            cursor.execute(sql)
-
-
-def to_partitioned(
-    connection: BaseDatabaseWrapper,
-    *,
-    keep_since: dt.datetime | None,
-    days: list[dt.date],
-    version: int = CURRENT_VERSION,
-) -> int:
-    """Replace the plain record table by a day-partitioned one (migrations 0003, 0004).
-
-    Locks the table, renames it, creates the partitioned table with the same columns
-    and checks (partitioned by ``PARTITION_KEYS[version]``), creates the partitions of
-    ``days`` and of every day holding a copied row, copies the rows (with
-    ``keep_since``, only those whose partition key is at or after it: older rows are
-    those the sweeper would drop), drops the old table and builds the indexes. Runs in
-    the caller's transaction: all or nothing. Returns the number of rows copied.
-    """
-    key = PARTITION_KEYS[version]
-    since = f"WHERE {key} >= %s" if keep_since is not None else ""
-    since_params = [keep_since] if keep_since is not None else []
-    with connection.cursor() as cursor:
-        cursor.execute(f"LOCK TABLE {TABLE} IN ACCESS EXCLUSIVE MODE")
-        cursor.execute(f"ALTER TABLE {TABLE} RENAME TO {_PLAIN_COPY}")
-        if version >= 2:
-            cursor.execute(WINDOW_COVERS_LEASE_SQL.format(table=_PLAIN_COPY))
-            cursor.execute(
-                f"UPDATE {_PLAIN_COPY} SET sweep_after = expires_at WHERE sweep_after IS NULL"
-            )
-        cursor.execute(
-            f"CREATE TABLE {TABLE} (LIKE {_PLAIN_COPY} INCLUDING DEFAULTS INCLUDING "
-            f"CONSTRAINTS INCLUDING IDENTITY) PARTITION BY RANGE ({key})"
-        )
-        install_functions(connection, version=version)
-        cursor.execute(
-            f"SELECT DISTINCT ({key} AT TIME ZONE 'UTC')::date FROM {_PLAIN_COPY} {since}",
-            since_params,
-        )
-        row_days = {day for (day,) in cursor.fetchall()}
-        for day in sorted(row_days | set(days)):
-            cursor.execute("SELECT django_idempotency_ensure_partition(%s::date)", [day])
-        cursor.execute(f"INSERT INTO {TABLE} SELECT * FROM {_PLAIN_COPY} {since}", since_params)
-        copied = int(cursor.rowcount)
-        cursor.execute(
-            f"SELECT setval(pg_get_serial_sequence('{TABLE}', 'id'), "
-            f"COALESCE((SELECT max(id) FROM {_PLAIN_COPY}), 0) + 1, false)"
-        )
-        cursor.execute(f"DROP TABLE {_PLAIN_COPY}")
-        _rename_sequence(cursor, f"{TABLE}_id_seq")
-        cursor.execute(f"ALTER TABLE {TABLE} ADD CONSTRAINT {TABLE}_pkey PRIMARY KEY (id, {key})")
-        cursor.execute(
-            f"CREATE INDEX django_idem_record_scope ON {TABLE} (principal, endpoint, key)"
-        )
-        cursor.execute(f"CREATE INDEX django_idem_record_expires ON {TABLE} (expires_at)")
-        cursor.execute(f"CREATE INDEX django_idem_record_created ON {TABLE} (created_at)")
-        cursor.execute(SCOPE_TRIGGER_V1)
-        cursor.execute(
-            f"COMMENT ON TABLE {TABLE} IS 'django-idempotency records, one partition per UTC "
-            f"day of {key}. Scope uniqueness: advisory lock + lookup in "
-            "django_idempotency_claim() and the scope_unique trigger (docs/retention.md).'"
-        )
-    forget()
-    return copied
-
-
-def to_plain(connection: BaseDatabaseWrapper, schema_editor: Any, model: Any) -> int:
-    """Replace the partitioned record table by a plain one (migration 0003 reversed).
-
-    ``model`` is the historical ``IdempotencyRecord``; ``schema_editor`` creates its
-    table with the unique constraint. Rows are copied newest first; should one scope
-    have two rows (one left past the retention window), the newer is kept. Returns the
-    number of rows copied.
-    """
-    columns = ", ".join(connection.ops.quote_name(f.column) for f in model._meta.concrete_fields)
-    with connection.cursor() as cursor:
-        cursor.execute(f"LOCK TABLE {TABLE} IN ACCESS EXCLUSIVE MODE")
-        cursor.execute(f"ALTER TABLE {TABLE} RENAME TO {_PARTITIONED_COPY}")
-        cursor.execute(f"DROP TRIGGER IF EXISTS {TABLE}_scope_unique ON {_PARTITIONED_COPY}")
-        cursor.execute(
-            f"ALTER TABLE {_PARTITIONED_COPY} RENAME CONSTRAINT {TABLE}_pkey "
-            f"TO {_PARTITIONED_COPY}_pkey"
-        )
-        for index in (
-            "django_idem_record_scope",
-            "django_idem_record_expires",
-            "django_idem_record_created",
-        ):
-            cursor.execute(f"DROP INDEX IF EXISTS {index}")
-        # Free the names PostgreSQL gives unnamed column checks (response_status >= 0).
-        cursor.execute(
-            "SELECT conname FROM pg_constraint WHERE conrelid = to_regclass(%s) "
-            "AND contype = 'c' AND conname LIKE %s",
-            [_PARTITIONED_COPY, TABLE.replace("_", r"\_") + r"\_%\_check"],
-        )
-        for (name,) in cursor.fetchall():
-            renamed = f"{_PARTITIONED_COPY}{name.removeprefix(TABLE)}"
-            cursor.execute(
-                f'ALTER TABLE {_PARTITIONED_COPY} RENAME CONSTRAINT "{name}" TO "{renamed}"'
-            )
-        _rename_sequence(cursor, f"{_PARTITIONED_COPY}_id_seq", table=_PARTITIONED_COPY)
-        schema_editor.create_model(model)
-        cursor.execute(
-            f"INSERT INTO {TABLE} ({columns}) SELECT {columns} FROM {_PARTITIONED_COPY} "
-            "ORDER BY created_at DESC ON CONFLICT DO NOTHING"
-        )
-        copied = int(cursor.rowcount)
-        cursor.execute(
-            f"SELECT setval(pg_get_serial_sequence('{TABLE}', 'id'), "
-            f"COALESCE((SELECT max(id) FROM {_PARTITIONED_COPY}), 0) + 1, false)"
-        )
-        cursor.execute(f"DROP TABLE {_PARTITIONED_COPY}")
-        drop_functions(connection)
-    forget()
-    return copied
-
-
-def drop_functions(connection: BaseDatabaseWrapper) -> None:
-    """Drop the server-side functions of the partitioned table, if present."""
-    with connection.cursor() as cursor:
-        for sql in (DROP_CLAIM_FUNCTION_V3, *DROP_FUNCTIONS_V1):
-            cursor.execute(sql)
-
-
-def _rename_sequence(cursor: Any, name: str, *, table: str = TABLE) -> None:
-    cursor.execute("SELECT pg_get_serial_sequence(%s, 'id')", [table])
-    (current,) = cursor.fetchone()
-    if current and current.rsplit(".", 1)[-1].strip('"') != name:
-        cursor.execute(f"ALTER SEQUENCE {current} RENAME TO {name}")

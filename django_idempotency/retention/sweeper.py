@@ -31,14 +31,13 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import math
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from django.db import DatabaseError, connections, router
+from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Q, QuerySet
 
@@ -46,7 +45,11 @@ from django_idempotency.conf import conf
 from django_idempotency.models import IdempotencyRecord, OutboxMessage, OutboxState, RecordState
 from django_idempotency.retention import partitions
 from django_idempotency.store import clock
-from django_idempotency.store.schema import SWEEP_LOCK, is_partitioned
+from django_idempotency.store.catalog import is_partitioned
+from django_idempotency.store.clock import store_now
+from django_idempotency.store.routing import record_database
+from django_idempotency.store.schema.functions import SWEEP_LOCK
+from django_idempotency.store.schema.tables import days_ahead
 
 logger = logging.getLogger("django_idempotency")
 
@@ -102,37 +105,6 @@ class SweepReport:
         return data
 
 
-def database_for_sweep() -> str:
-    """The database alias the router picks for writing idempotency records."""
-    return router.db_for_write(IdempotencyRecord) or "default"
-
-
-def store_now(connection: BaseDatabaseWrapper) -> dt.datetime:
-    """Now by the store's clock (``django_idempotency.clock``), timezone-aware UTC."""
-    if connection.vendor != "postgresql":
-        return clock.app_now()
-    with connection.cursor() as cursor:
-        # Read as UTC in SQL: exact whatever the session's time zone (USE_TZ = False
-        # sets it to TIME_ZONE, and Django then strips the offset).
-        cursor.execute(
-            "SELECT (statement_timestamp() + %s * interval '1 second') AT TIME ZONE 'UTC'",
-            [clock.offset()],
-        )
-        (now,) = cursor.fetchone()
-    return clock.utc_from_naive(now)
-
-
-def days_ahead() -> int:
-    """Days of partitions kept created after today (PostgreSQL).
-
-    Enough for the window of a claim made now under ``MAX_RETENTION`` (and
-    ``RETENTION``, and the lease), plus ``PARTITIONS_AHEAD`` days: a claim then never
-    has to create its partition, which could queue behind a sweeper's detach.
-    """
-    window = max(conf.max_retention, conf.retention, conf.lease, 0.0)
-    return math.ceil(window / 86400.0) + max(conf.partitions_ahead, 0)
-
-
 def start_of_day(moment: dt.datetime) -> dt.datetime:
     """00:00 UTC of the day holding ``moment``."""
     return moment.astimezone(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
@@ -154,7 +126,7 @@ def sweep(using: str | None = None, *, dry_run: bool = False) -> SweepReport:
         django.db.DatabaseError: the database failed (anything but a lock timeout).
     """
     started = time.monotonic()
-    using = using or database_for_sweep()
+    using = using or record_database()
     connection = connections[using]
     now = store_now(connection)
     method = "partitions" if is_partitioned(connection) else "delete"

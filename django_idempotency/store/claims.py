@@ -29,6 +29,8 @@ from django.db.models.functions import Greatest
 
 from django_idempotency.models import IdempotencyRecord, RecordState
 from django_idempotency.store import clock, presence
+from django_idempotency.store.catalog import forget as forget_table_kind
+from django_idempotency.store.catalog import is_partitioned
 from django_idempotency.store.isolation import (
     NOT_READ_COMMITTED,
     SERIALIZATION_FAILURE,
@@ -46,16 +48,12 @@ from django_idempotency.store.rows import (
     sqlstate_of,
     utc_or_none,
 )
-from django_idempotency.store.schema import (
-    PG_PARTITIONED_CLAIM_COLUMNS,
-    PG_PARTITIONED_CLAIM_SQL,
-    is_partitioned,
-)
-from django_idempotency.store.schema import forget as forget_table_kind
 from django_idempotency.store.sql import (
     PG_CLAIM_COLUMNS,
     PG_CLAIM_SQL,
     PG_FORGET_SQL,
+    PG_PARTITIONED_CLAIM_COLUMNS,
+    PG_PARTITIONED_CLAIM_SQL,
     PG_RESTAMP_SQL,
     PG_TAKEOVER_SQL,
 )

@@ -103,3 +103,18 @@ def from_db(value: dt.datetime, connection: BaseDatabaseWrapper) -> dt.datetime:
 def utc_from_naive(value: dt.datetime) -> dt.datetime:
     """A naive UTC datetime (from SQL ``... AT TIME ZONE 'UTC'``) made aware."""
     return value.replace(tzinfo=dt.UTC)
+
+
+def store_now(connection: BaseDatabaseWrapper) -> dt.datetime:
+    """Now by the store's clock (this module), timezone-aware UTC."""
+    if connection.vendor != "postgresql":
+        return app_now()
+    with connection.cursor() as cursor:
+        # Read as UTC in SQL: exact whatever the session's time zone (USE_TZ = False
+        # sets it to TIME_ZONE, and Django then strips the offset).
+        cursor.execute(
+            "SELECT (statement_timestamp() + %s * interval '1 second') AT TIME ZONE 'UTC'",
+            [offset()],
+        )
+        (now,) = cursor.fetchone()
+    return utc_from_naive(now)

@@ -46,7 +46,7 @@ from django.utils.connection import ConnectionDoesNotExist
 from django_idempotency.conf import conf
 from django_idempotency.logging import key_hash
 from django_idempotency.store import sql
-from django_idempotency.store.schema import server_port
+from django_idempotency.store.catalog import server_port
 from django_idempotency.store.values import Claim, Scope
 
 logger = logging.getLogger("django_idempotency")

@@ -31,15 +31,8 @@ from django_idempotency.models import IdempotencyRecord, RecordState
 from django_idempotency.store import clock, presence
 from django_idempotency.store.isolation import SERIALIZATION_FAILURE, stricter_than_read_committed
 from django_idempotency.store.rows import now_value, scope_filter, sqlstate_of
-from django_idempotency.store.schema import (
-    FENCED_SQLSTATE,
-    has_completion_function,
-)
 from django_idempotency.store.sql import (
-    PG_COMPLETE_PRUNED_SQL,
-    PG_COMPLETE_PRUNED_UNLOCK_SQL,
-    PG_COMPLETE_SQL,
-    PG_COMPLETE_UNLOCK_SQL,
+    FENCED_SQLSTATE,
     PG_EXTEND_SQL,
     PG_RELEASE_UNLOCK_SQL,
     complete_call_sql,
@@ -85,9 +78,7 @@ def commits_with_completion(connection: Any) -> bool:
     transaction is its own outermost block. ``True`` on PostgreSQL with psycopg 3 and
     Django's default client-side binding (several statements in one simple query), at
     READ COMMITTED (neither Django's ``isolation_level`` nor, as claims found out, the
-    server's default above it), once migration 0006 installed
-    ``django_idempotency_complete``. No query is sent (the function's presence is cached
-    per process).
+    server's default above it). No query is sent.
     """
     if connection.vendor != "postgresql" or stricter_than_read_committed(connection):
         return False  # Django's level or, as claims found out, the server's default
@@ -95,7 +86,7 @@ def commits_with_completion(connection: Any) -> bool:
         return False
     from django.db.backends.postgresql.psycopg_any import is_psycopg3
 
-    return bool(is_psycopg3) and has_completion_function(connection)
+    return bool(is_psycopg3)
 
 
 def complete(claim: Claim, response: StoredResponse, *, commit: bool = False) -> bool:
@@ -105,8 +96,7 @@ def complete(claim: Claim, response: StoredResponse, *, commit: bool = False) ->
     effect and the record commit together. The body is written through
     :func:`encode_body`: dropped past ``MAX_RESPONSE_BYTES``, else encoded by
     ``BODY_CODEC``. On PostgreSQL the fenced ``UPDATE`` runs in the server-side function
-    of migration 0006 when it is installed (planned once per session), else as a plain
-    statement.
+    ``django_idempotency_complete`` (planned once per session).
 
     Args:
         claim: the claim this request owns.
@@ -150,29 +140,16 @@ def complete(claim: Claim, response: StoredResponse, *, commit: bool = False) ->
         unlock = claim.present and presence.holds(claim)  # the lock goes in the statement
         if unlock:
             params.update(scope_filter(claim.scope))
-        if commit or has_completion_function(connection):
-            try:
-                with _fenced_errors(claim), connection.cursor() as cursor:
-                    cursor.execute(complete_call_sql(unlock=unlock, commit=commit), params)
-            except LeaseLost as lost:
-                if unlock and sqlstate_of(lost.__cause__) == FENCED_SQLSTATE:
-                    presence.dropped(claim)  # the function released the lock, then raised
-                raise
-            if unlock:
-                presence.dropped(claim)
-            return commit
-        pruned = claim.sweep_after is not None
+        try:
+            with _fenced_errors(claim), connection.cursor() as cursor:
+                cursor.execute(complete_call_sql(unlock=unlock, commit=commit), params)
+        except LeaseLost as lost:
+            if unlock and sqlstate_of(lost.__cause__) == FENCED_SQLSTATE:
+                presence.dropped(claim)  # the function released the lock, then raised
+            raise
         if unlock:
-            with _fenced_errors(claim), connection.cursor() as cursor:
-                cursor.execute(
-                    PG_COMPLETE_PRUNED_UNLOCK_SQL if pruned else PG_COMPLETE_UNLOCK_SQL, params
-                )
-                updated = cursor.fetchone()[0]
             presence.dropped(claim)
-        else:
-            with _fenced_errors(claim), connection.cursor() as cursor:
-                cursor.execute(PG_COMPLETE_PRUNED_SQL if pruned else PG_COMPLETE_SQL, params)
-                updated = cursor.rowcount
+        return commit
     else:
         now = now_value(claim.using)
         updated = _fenced(claim).update(

@@ -136,42 +136,14 @@ UPDATE {_T} SET created_at = {_NOW}, lease_until = {_NOW} + %(lease)s * interval
 WHERE id = %(id)s AND owner_token = %(token)s AND state = 'claimed'
 """
 
-#: Completion, fenced by the owner token: one precompiled statement (building an ORM
-#: UPDATE per request costs several times its CPU; docs/benchmarks.md). The response
+#: Completion through ``django_idempotency_complete`` (``schema.functions``), fenced by
+#: the owner token: planned once per session, and raising when the fence matches no
+#: row, so that the transaction's ``COMMIT`` may follow in the same round trip (several
+#: statements in one simple query): a lost lease aborts the transaction before that
+#: ``COMMIT`` runs. With the partition key (the partitioned claim returns it)
+#: PostgreSQL plans and touches one day partition instead of every one. The response
 #: stays replayable for at least ``grace`` seconds (the lease) after it commits, even
 #: when the completion comes late in the window (docs/retention.md).
-PG_COMPLETE_SQL = f"""
-UPDATE {_T} SET state = 'completed', response_status = %(status)s,
-    response_headers = %(headers)s::jsonb, response_body = %(body)s,
-    completed_at = {_NOW}, lease_until = {_NOW},
-    expires_at = GREATEST(expires_at, {_NOW} + %(grace)s * interval '1 second')
-WHERE id = %(id)s AND owner_token = %(token)s AND state = 'claimed'
-"""
-
-#: The same completion when the claim knows the row's partition key (the partitioned
-#: claim returns it): PostgreSQL then plans and touches one day partition instead of
-#: every one (docs/benchmarks.md).
-PG_COMPLETE_PRUNED_SQL = PG_COMPLETE_SQL.rstrip() + " AND sweep_after = %(sweep_after)s\n"
-
-#: Completion of a claim whose session holds the presence lock: the same fenced UPDATE,
-#: then the lock is released in the same statement. The aggregate consumes the UPDATE
-#: first, so the row is locked before the presence lock goes: a duplicate that finds
-#: the lock free from then on queues behind the row lock until this transaction ends
-#: and then re-checks its takeover against the completed row (no match).
-_COMPLETE_UNLOCK = """
-WITH done AS ({complete}
-RETURNING 1)
-SELECT n, pg_advisory_unlock({key}) FROM (SELECT count(*) AS n FROM done) d
-"""
-PG_COMPLETE_UNLOCK_SQL = _COMPLETE_UNLOCK.format(complete=PG_COMPLETE_SQL.strip(), key=_KEY)
-PG_COMPLETE_PRUNED_UNLOCK_SQL = _COMPLETE_UNLOCK.format(
-    complete=PG_COMPLETE_PRUNED_SQL.strip(), key=_KEY
-)
-
-#: Completion through ``django_idempotency_complete`` (migration 0006): planned once
-#: per session, and raising when the fence matches no row, so that the transaction's
-#: ``COMMIT`` may follow in the same round trip (several statements in one simple
-#: query): a lost lease aborts the transaction before that ``COMMIT`` runs.
 _COMPLETE_CALL = (
     "SELECT django_idempotency_complete(%(id)s, %(token)s, %(sweep_after)s, %(status)s, "
     "%(headers)s::jsonb, %(body)s, %(grace)s, %(clock_offset)s, {unlock})"
@@ -190,7 +162,9 @@ def complete_call_sql(*, unlock: bool, commit: bool) -> str:
 
 
 #: Release (delete) of a claim we own, with no recovery point, fenced, then the
-#: presence lock released in the same statement (see ``PG_COMPLETE_UNLOCK_SQL``).
+#: presence lock released in the same statement. The aggregate consumes the DELETE
+#: first, so the row is locked before the presence lock goes: a duplicate that finds
+#: the lock free from then on queues behind the row lock until this transaction ends.
 PG_RELEASE_UNLOCK_SQL = f"""
 WITH gone AS (
     DELETE FROM {_T}
@@ -263,3 +237,30 @@ WHERE id = (
 def pg_now() -> tuple[str, list[float]]:
     """``(sql, params)`` for "now" on PostgreSQL, with one positional parameter."""
     return ("(statement_timestamp() + %s * interval '1 second')", [clock.offset()])
+
+
+#: The claim on a partitioned table: one statement, one round trip. The row's partition
+#: key comes back as naive UTC (``AT TIME ZONE 'UTC'``), never as Django reads a
+#: ``timestamptz`` with ``USE_TZ = False`` (local time, ambiguous in the hour repeated
+#: when clocks go back): the completion sends it back as an exact instant.
+PG_PARTITIONED_CLAIM_SQL = """
+SELECT won, id, owner_token, state, fingerprint, recovery_point, lease_remaining,
+       expired, response_status, response_headers, response_body, owner_pid, present,
+       by_presence, sweep_after AT TIME ZONE 'UTC' AS sweep_after
+FROM django_idempotency_claim(
+    %(principal)s::varchar, %(endpoint)s::varchar, %(key)s::varchar,
+    %(fingerprint)s::varchar, %(token)s::uuid, %(lease)s::float8,
+    %(retention)s::float8, %(clock_offset)s::float8, %(take)s::boolean,
+    %(test)s::boolean, %(async_commit)s::boolean)
+"""
+
+
+#: The SQLSTATE ``django_idempotency_complete`` raises when fenced off (its own class).
+FENCED_SQLSTATE = "DIF01"
+
+#: The columns of ``PG_PARTITIONED_CLAIM_SQL``, in order.
+PG_PARTITIONED_CLAIM_COLUMNS = (
+    "won", "id", "owner_token", "state", "fingerprint", "recovery_point", "lease_remaining",
+    "expired", "response_status", "response_headers", "response_body", "owner_pid", "present",
+    "by_presence", "sweep_after",
+)  # fmt: skip

@@ -104,7 +104,7 @@ _TAKE_OVER_FILTER = """            pk=existing.record_id,
             state=RecordState.CLAIMED,
             owner_token=existing.owner_token,  # type: ignore[misc]  # set on every row read
             recovery_point=existing.recovery_point,
-            lease_until__lte=_now_value(using),
+            lease_until__lte=now_value(using),
 """
 
 EDGES = "tests/test_edges.py"
@@ -161,18 +161,18 @@ _V3_DELETE_NO_LEASE = _V3_DELETE.replace(
 # sweeper) also check the lease: two guards of one rule. Dropping one alone changes
 # nothing observable; the `x` mutants drop both and must be killed.
 _HEARTBEAT_WINDOW_PG = (
-    "_pg.py",
+    "store/sql.py",
     "UPDATE {_T} SET lease_until = {_NOW} + %(seconds)s * interval '1 second',\n"
     "    expires_at = GREATEST(expires_at, {_NOW} + %(seconds)s * interval '1 second')\n",
     "UPDATE {_T} SET lease_until = {_NOW} + %(seconds)s * interval '1 second'\n",
 )
 _HEARTBEAT_WINDOW_ORM = (
-    "store.py",
+    "store/settle.py",
     '_fenced(claim).update(lease_until=until, expires_at=Greatest(F("expires_at"), until))',
     "_fenced(claim).update(lease_until=until)",
 )
 _SWEEP_LEASE = (
-    "retention.py",
+    "retention/sweeper.py",
     "        Q(state=RecordState.COMPLETED) | Q(lease_until__lte=now), expires_at__lte=now\n",
     "        expires_at__lte=now\n",
 )
@@ -187,16 +187,16 @@ MUTANTS: list[Mutant] = [
     # store.py: takeover, reuse, fencing
     m(
         "S1",
-        "store.py",
+        "store/claims.py",
         _TAKE_OVER_FILTER,
-        _TAKE_OVER_FILTER.replace("            lease_until__lte=_now_value(using),\n", ""),
+        _TAKE_OVER_FILTER.replace("            lease_until__lte=now_value(using),\n", ""),
         tests=(f"{GUARDS}::test_a_heartbeat_between_the_read_and_the_takeover_keeps_the_owner",),
         backends=(SQLITE,),
         what="takeover without `lease_until <= now`: a live owner taken over (ORM, SQLite)",
     ),
     m(
         "S1p",
-        "_pg.py",
+        "store/sql.py",
         _PG_TAKEOVER_WHERE,
         _PG_TAKEOVER_WHERE.replace(" AND lease_until <= {_NOW}", ""),
         tests=(f"{GUARDS}::test_a_heartbeat_between_the_read_and_the_takeover_keeps_the_owner",),
@@ -205,7 +205,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "S2",
-        "store.py",
+        "store/claims.py",
         _TAKE_OVER_FILTER,
         _TAKE_OVER_FILTER.replace(
             "            owner_token=existing.owner_token,  # type: ignore[misc]  "
@@ -225,7 +225,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "S2p",
-        "_pg.py",
+        "store/sql.py",
         _PG_TAKEOVER_WHERE,
         _PG_TAKEOVER_WHERE.replace(" AND owner_token = %(token)s", ""),
         tests=(GUARDS, "tests/test_concurrency.py", "tests/test_store.py"),
@@ -238,7 +238,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "S3",
-        "store.py",
+        "store/claims.py",
         f"        .filter(\n{_TAKE_OVER_FILTER}        )\n",
         "        .filter(pk=existing.record_id)\n",
         tests=(
@@ -250,7 +250,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "S3p",
-        "_pg.py",
+        "store/sql.py",
         _PG_TAKEOVER_WHERE,
         "    WHERE id = %(id)s\n    FOR UPDATE SKIP LOCKED\n",
         tests=(
@@ -262,7 +262,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "S4",
-        "store.py",
+        "store/claims.py",
         _TAKE_OVER_FILTER,
         _TAKE_OVER_FILTER.replace("            recovery_point=existing.recovery_point,\n", ""),
         tests=(
@@ -273,7 +273,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "S4p",
-        "_pg.py",
+        "store/sql.py",
         _PG_TAKEOVER_WHERE,
         _PG_TAKEOVER_WHERE.replace("AND recovery_point = %(recovery_point)s AND ", "AND "),
         tests=(
@@ -284,7 +284,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "S5",
-        "store.py",
+        "store/claims.py",
         "        if existing.expired and (existing.completed or existing.lease_remaining <= 0):\n",
         "        if existing.expired:\n",
         tests=(f"{GUARDS}::test_a_record_past_its_window_is_not_replaced_while_its_lease_is_live",),
@@ -293,7 +293,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "S5x",
-        "store.py",
+        "store/claims.py",
         "        if existing.expired and (existing.completed or existing.lease_remaining <= 0):\n",
         "        if existing.expired:\n",
         also=(_HEARTBEAT_WINDOW_PG, _HEARTBEAT_WINDOW_ORM),
@@ -302,8 +302,8 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "S6",
-        "store.py",
-        "        Q(state=RecordState.COMPLETED) | Q(lease_until__lte=_now_value(using)),\n",
+        "store/claims.py",
+        "        Q(state=RecordState.COMPLETED) | Q(lease_until__lte=now_value(using)),\n",
         "",
         tests=(
             f"{GUARDS}::test_a_heartbeat_after_the_read_keeps_an_expired_record_from_being_forgotten",
@@ -314,7 +314,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "S6p",
-        "_pg.py",
+        "store/sql.py",
         "      AND (state = 'completed' OR lease_until <= {_NOW})\n",
         "",
         tests=(
@@ -326,8 +326,8 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "S6x",
-        "store.py",
-        "        Q(state=RecordState.COMPLETED) | Q(lease_until__lte=_now_value(using)),\n",
+        "store/claims.py",
+        "        Q(state=RecordState.COMPLETED) | Q(lease_until__lte=now_value(using)),\n",
         "",
         also=(_HEARTBEAT_WINDOW_ORM,),
         tests=(
@@ -338,7 +338,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "S6px",
-        "_pg.py",
+        "store/sql.py",
         "      AND (state = 'completed' OR lease_until <= {_NOW})\n",
         "",
         also=(_HEARTBEAT_WINDOW_PG,),
@@ -350,7 +350,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "S7",
-        "store.py",
+        "store/settle.py",
         "        pk=claim.record_id, owner_token=claim.owner_token, state=RecordState.CLAIMED\n",
         "        pk=claim.record_id, state=RecordState.CLAIMED\n",
         tests=("tests/test_store.py",),
@@ -359,7 +359,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "S8",
-        "store.py",
+        "store/settle.py",
         '    return bool(_fenced(claim).filter(recovery_point="")._raw_delete(claim.using))\n',
         "    return bool(_fenced(claim)._raw_delete(claim.using))\n",
         tests=("tests/test_review_regressions.py", "tests/test_phases.py"),
@@ -367,7 +367,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "S9",
-        "store.py",
+        "store/settle.py",
         "    side = connection.in_atomic_block and claim.committed\n",
         "    side = False\n",
         tests=("tests/test_store.py", "tests/test_concurrency.py"),
@@ -375,21 +375,8 @@ MUTANTS: list[Mutant] = [
         what="heartbeat inside the view's transaction, invisible until it commits",
     ),
     m(
-        "S10",
-        "_pg.py",
-        "    expires_at = GREATEST(expires_at, {_NOW} + %(grace)s * interval '1 second')\n"
-        "WHERE id = %(id)s AND owner_token = %(token)s AND state = 'claimed'\n",
-        "    expires_at = GREATEST(expires_at, {_NOW} + %(grace)s * interval '1 second')\n"
-        "WHERE id = %(id)s AND state = 'claimed'\n",
-        tests=(
-            "tests/test_claim_commit.py::test_without_the_completion_function_the_plain_update_runs_and_commits_apart",
-        ),
-        backends=(PG,),
-        what="completion not fenced by the owner token (PG_COMPLETE_SQL, before migration 0006)",
-    ),
-    m(
         "S11",
-        "_pg.py",
+        "store/sql.py",
         "    expires_at = GREATEST(expires_at, {_NOW} + %(seconds)s * interval '1 second')\n"
         "WHERE id = %(id)s AND owner_token = %(token)s AND state = 'claimed'\n",
         "    expires_at = GREATEST(expires_at, {_NOW} + %(seconds)s * interval '1 second')\n"
@@ -400,7 +387,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "S12",
-        "store.py",
+        "store/claims.py",
         "            if waited > min(_RESTAMP_AFTER, lease / 10) and not _restamp(\n"
         "                connection, won, retention\n"
         "            ):\n",
@@ -411,7 +398,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "S13",
-        "_pg.py",
+        "store/sql.py",
         "AND lease_until <= {_NOW}\n    FOR UPDATE SKIP LOCKED\n",
         "AND lease_until <= {_NOW}\n",
         tests=(
@@ -423,21 +410,8 @@ MUTANTS: list[Mutant] = [
         "transaction",
     ),
     m(
-        "S14",
-        "_pg.py",
-        "    completed_at = {_NOW}, lease_until = {_NOW},\n"
-        "    expires_at = GREATEST(expires_at, {_NOW} + %(grace)s * interval '1 second')\n",
-        "    completed_at = {_NOW}, lease_until = {_NOW}\n",
-        tests=(
-            "tests/test_claim_commit.py::test_without_the_completion_function_the_plain_update_runs_and_commits_apart",
-        ),
-        backends=(PG,),
-        what="a completion late in the window not kept a lease longer (PG_COMPLETE_SQL, "
-        "before migration 0006)",
-    ),
-    m(
         "S10f",
-        "_pg_partitioned.py",
+        "store/schema/functions.py",
         (
             (
                 "        WHERE r.id = p_id AND r.owner_token = p_token AND r.state = 'claimed';\n",
@@ -456,7 +430,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "S10r",
-        "_pg_partitioned.py",
+        "store/schema/functions.py",
         "    IF v_updated <> 1 THEN\n",
         "    IF false THEN\n",
         tests=(
@@ -469,7 +443,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "S14f",
-        "_pg_partitioned.py",
+        "store/schema/functions.py",
         (
             (
                 "            lease_until = v_now,\n"
@@ -495,7 +469,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "X1",
-        "savepoints.py",
+        "transactions/savepoints.py",
         "        self.flush()\n        if ours is None",
         "        if ours is None",
         tests=("tests/test_savepoints.py",),
@@ -504,7 +478,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "X2",
-        "savepoints.py",
+        "transactions/savepoints.py",
         "            and self._status() == _INTRANS\n",
         "",
         tests=("tests/test_savepoints.py",),
@@ -513,7 +487,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "X3",
-        "savepoints.py",
+        "transactions/savepoints.py",
         "            and not self.connection.queries_logged"
         "  # the log shows what is sent, as sent\n",
         "",
@@ -523,7 +497,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "X4",
-        "savepoints.py",
+        "transactions/savepoints.py",
         '    if connection.vendor != "postgresql" or any(\n'
         "        isinstance(active, ViewSavepoints) for active in connection.execute_wrappers\n"
         "    ):\n",
@@ -542,7 +516,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "X5",
-        "savepoints.py",
+        "transactions/savepoints.py",
         "        if self._status() != _INTRANS:\n",
         "        if self._status() not in (_INTRANS, _INERROR):\n",
         tests=("tests/test_review2_s19.py",),
@@ -551,7 +525,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "X6",
-        "savepoints.py",
+        "transactions/savepoints.py",
         "            name in self.placed  # a release of one destroyed meanwhile fails at once\n"
         "            and ",
         "            ",
@@ -561,7 +535,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "X7",
-        "savepoints.py",
+        "transactions/savepoints.py",
         "            and self.connection.execute_wrappers[-1] is self\n",
         "",
         tests=("tests/test_savepoints.py",),
@@ -570,7 +544,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "X8",
-        "savepoints.py",
+        "transactions/savepoints.py",
         "        with self.connection.wrap_database_errors, raw.cursor() as cursor:\n",
         "        with self.connection.cursor() as cursor:\n",
         tests=("tests/test_review3_s20.py",),
@@ -579,7 +553,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "X9",
-        "savepoints.py",
+        "transactions/savepoints.py",
         '            for query in statements if pipelined else ["; ".join(statements)]:\n',
         '            for query in ["; ".join(statements)]:\n',
         tests=("tests/test_savepoints.py",),
@@ -588,7 +562,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "X10",
-        "savepoints.py",
+        "transactions/savepoints.py",
         "            del self.placed[self.placed.index(name) + (verb == _ROLLBACK_TO) :]\n",
         "            del self.placed[self.placed.index(name) :]\n",
         tests=("tests/test_savepoints.py",),
@@ -597,7 +571,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "X11",
-        "savepoints.py",
+        "transactions/savepoints.py",
         "        if ours is None and (not isinstance(sql, str) or _ENDS_SAVEPOINTS.search(sql)):\n",
         "        if False:\n",
         tests=("tests/test_review4_s20.py",),
@@ -606,7 +580,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "X12",
-        "savepoints.py",
+        "transactions/savepoints.py",
         "        if self._status() != _INTRANS:\n            # Aborted by a statement past",
         "        if self._status() == _INERROR:\n            # Aborted by a statement past",
         tests=("tests/test_review4_s20.py",),
@@ -615,7 +589,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "X13",
-        "savepoints.py",
+        "transactions/savepoints.py",
         "        for index in range(len(connection.execute_wrappers) - 1, -1, -1):\n"
         "            if connection.execute_wrappers[index] is wrapper:\n"
         "                del connection.execute_wrappers[index]\n"
@@ -627,7 +601,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "X14",
-        "_pg_partitioned.py",
+        "store/sql.py",
         "       by_presence, sweep_after AT TIME ZONE 'UTC' AS sweep_after\n",
         "       by_presence, sweep_after\n",
         tests=("tests/test_review5_s21.py",),
@@ -636,7 +610,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "X15",
-        "retention.py",
+        "retention/sweeper.py",
         "                lock_timeout=None if report.dry_run else LOCK_TIMEOUT,\n",
         "                lock_timeout=None,\n",
         tests=("tests/test_review6_s21.py",),
@@ -645,7 +619,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "X16",
-        "partitions.py",
+        "retention/partitions.py",
         "        if cursor.fetchone()[0]:\n            _attach(",
         "        if False:\n            _attach(",
         tests=("tests/test_review6_s21.py",),
@@ -654,8 +628,8 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "X17",
-        "store.py",
-        "    if connection.alias in _strict_databases:  # the server's default, seen by a claim\n"
+        "store/isolation.py",
+        "    if connection.alias in strict_databases:  # the server's default, seen by a claim\n"
         "        return True\n",
         "",
         tests=("tests/test_review6_s21.py",),
@@ -664,7 +638,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "E6",
-        "execution.py",
+        "protocol/execute.py",
         "                        doomed = transactions.doomed(claim.using)\n"
         "                        if doomed:\n",
         "                        if doomed:\n",
@@ -676,8 +650,8 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "S14s",
-        "store.py",
-        '            expires_at=Greatest(F("expires_at"), _now_value(claim.using, claim.lease)),\n',
+        "store/settle.py",
+        '            expires_at=Greatest(F("expires_at"), now_value(claim.using, claim.lease)),\n',
         "",
         tests=(f"{EDGES}::test_a_completion_after_the_window_stays_replayable",),
         backends=(SQLITE,),
@@ -685,7 +659,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "S15",
-        "_pg.py",
+        "store/sql.py",
         "UPDATE {_T} SET lease_until = {_NOW} + %(seconds)s * interval '1 second',\n"
         "    expires_at = GREATEST(expires_at, {_NOW} + %(seconds)s * interval '1 second')\n",
         "UPDATE {_T} SET lease_until = {_NOW} + %(seconds)s * interval '1 second'\n",
@@ -698,7 +672,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "S15s",
-        "store.py",
+        "store/settle.py",
         '_fenced(claim).update(lease_until=until, expires_at=Greatest(F("expires_at"), until))',
         "_fenced(claim).update(lease_until=until)",
         tests=(
@@ -716,7 +690,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "S16",
-        "_pg.py",
+        "store/sql.py",
         "    lease_until = {_NOW} + %(lease)s * interval '1 second',\n"
         "    expires_at = GREATEST(r.expires_at, {_NOW} + %(lease)s * interval '1 second'),\n",
         "    lease_until = {_NOW} + %(lease)s * interval '1 second',\n",
@@ -729,7 +703,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "S16s",
-        "store.py",
+        "store/claims.py",
         '            expires_at=Greatest(F("expires_at"), new_lease_until),\n',
         "",
         tests=(
@@ -745,7 +719,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "S16sx",
-        "store.py",
+        "store/claims.py",
         '            expires_at=Greatest(F("expires_at"), new_lease_until),\n',
         "",
         also=(_SWEEP_LEASE,),
@@ -755,8 +729,8 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "S17",
-        "store.py",
-        "        if sqlstate == _SERIALIZATION_FAILURE:\n            raise LeaseLost(\n",
+        "store/settle.py",
+        "        if sqlstate == SERIALIZATION_FAILURE:\n            raise LeaseLost(\n",
         "        if False:\n            raise LeaseLost(\n",
         tests=(f"{EDGES}::test_a_takeover_fences_the_original_with_409_at_stricter_levels",),
         backends=(PG,),
@@ -764,12 +738,12 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "S18",
-        "store.py",
+        "store/isolation.py",
         "        return False\n"
-        '    level = connection.settings_dict.get("OPTIONS", {}).get("isolation_level")\n',
+        "    if connection.alias in strict_databases:  # the server's default, seen by a claim\n",
         "        return False\n"
         "    return False\n"
-        '    level = connection.settings_dict.get("OPTIONS", {}).get("isolation_level")\n',
+        "    if connection.alias in strict_databases:  # the server's default, seen by a claim\n",
         tests=(
             f"{EDGES}::test_a_heartbeat_is_refused_clearly_at_stricter_levels",
             f"{EDGES}::test_claims_work_at_stricter_isolation_levels",
@@ -780,7 +754,7 @@ MUTANTS: list[Mutant] = [
     # context.py
     m(
         "C1",
-        "context.py",
+        "protocol/context.py",
         '["outbox", claim.record_id, str(claim.owner_token), self.open_phase, topic, n]',
         '["outbox", claim.record_id, self.open_phase, topic, n]',
         tests=(f"{EDGES}::test_a_takeover_enqueues_without_waiting_for_the_stalled_original",),
@@ -791,7 +765,7 @@ MUTANTS: list[Mutant] = [
     # _pg_partitioned.py: the claim function (re-created by the test database's migrations)
     m(
         "P1",
-        "_pg_partitioned.py",
+        "store/schema/functions.py",
         _V3_LOOKUP,
         _V3_LOOKUP_NO_LEASE,
         tests=(GUARDS,),
@@ -805,7 +779,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "P2",
-        "_pg_partitioned.py",
+        "store/schema/functions.py",
         _V3_DELETE,
         _V3_DELETE_NO_LEASE,
         tests=(
@@ -817,7 +791,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "P3",
-        "_pg_partitioned.py",
+        "store/schema/functions.py",
         ((_V3_LOOKUP, _V3_LOOKUP_NO_LEASE), (_V3_DELETE, _V3_DELETE_NO_LEASE)),
         tests=(f"{GUARDS}::test_a_record_past_its_window_is_not_replaced_while_its_lease_is_live",),
         backends=(PG,),
@@ -826,7 +800,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "P2x",
-        "_pg_partitioned.py",
+        "store/schema/functions.py",
         _V3_DELETE,
         _V3_DELETE_NO_LEASE,
         also=(_HEARTBEAT_WINDOW_PG,),
@@ -838,7 +812,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "P3x",
-        "_pg_partitioned.py",
+        "store/schema/functions.py",
         ((_V3_LOOKUP, _V3_LOOKUP_NO_LEASE), (_V3_DELETE, _V3_DELETE_NO_LEASE)),
         also=(_HEARTBEAT_WINDOW_PG,),
         tests=(f"{GUARDS}::test_a_record_past_its_window_is_not_replaced_while_its_lease_is_live",),
@@ -847,26 +821,28 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "P4",
-        "_pg_partitioned.py",
-        '    PERFORM {_SCOPE_LOCK.format(p="p_")};\n    -- Now is read after the lock',
-        "    -- Now is read after the lock",
+        "store/schema/functions.py",
+        '    PERFORM {_SCOPE_LOCK.format(p="p_")};\n    v_now := clock_timestamp()',
+        "    v_now := clock_timestamp()",
         tests=("tests/test_partitions.py",),
         backends=(PG,),
-        what="claim function (V2) without the scope lock: two first claims both insert",
+        what="claim function without the scope lock: two first claims both insert",
     ),
     m(
         "P5",
-        "_pg_partitioned.py",
-        "gets its whole lease.\n    v_now := clock_timestamp() + p_clock_offset",
-        "gets its whole lease.\n    v_now := statement_timestamp() + p_clock_offset",
+        "store/schema/functions.py",
+        '    PERFORM {_SCOPE_LOCK.format(p="p_")};\n'
+        "    v_now := clock_timestamp() + p_clock_offset",
+        '    PERFORM {_SCOPE_LOCK.format(p="p_")};\n'
+        "    v_now := statement_timestamp() + p_clock_offset",
         tests=(f"{EDGES}::test_a_claim_that_waited_gets_its_whole_lease[partitioned]",),
         backends=(PG,),
-        what="claim function (V2): now read when the statement started, not after the lock",
+        what="claim function: now read when the statement started, not after the lock",
     ),
     # protocol.py
     m(
         "PR1",
-        "protocol.py",
+        "protocol/decide.py",
         "        if result.fingerprint != fp:\n",
         "        if False:\n",
         tests=("tests/test_wire.py", "tests/test_decorators.py"),
@@ -874,7 +850,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "PR2",
-        "protocol.py",
+        "protocol/decide.py",
         "            if not result.response.replayable:\n",
         "            if False:\n",
         tests=("tests/test_hostile_input.py", "tests/test_wire.py"),
@@ -883,7 +859,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "PR3",
-        "protocol.py",
+        "protocol/begin.py",
         '    if (http.method or "").upper() in SAFE_METHODS:\n',
         "    if False:\n",
         tests=("tests/test_wire.py", "tests/test_decorators.py"),
@@ -893,7 +869,7 @@ MUTANTS: list[Mutant] = [
     # execution.py
     m(
         "E1",
-        "execution.py",
+        "protocol/execute.py",
         (
             (
                 "            try:\n"
@@ -917,7 +893,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "E2",
-        "execution.py",
+        "protocol/execute.py",
         '        if stage == "view" or (stage == "commit" and isinstance(exc, IntegrityError)):\n',
         '        if stage == "commit" and isinstance(exc, IntegrityError):\n',
         tests=(f"{GUARDS}::test_the_views_own_database_error_is_its_500_not_a_store_failure",),
@@ -925,7 +901,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "E3",
-        "execution.py",
+        "protocol/execute.py",
         "                release = options.should_release(response.status_code)\n",
         "                release = False\n",
         tests=("tests/test_decorators.py", "tests/test_wire.py"),
@@ -934,7 +910,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "E4",
-        "execution.py",
+        "protocol/execute.py",
         '(stage == "commit" and isinstance(exc, IntegrityError))',
         '(stage == "commit" and not isinstance(exc, IntegrityError))',
         tests=(
@@ -946,7 +922,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "E5",
-        "transactions.py",
+        "transactions/state.py",
         "    connection = connections[using]\n    if connection.needs_rollback:\n",
         '    return ""\n    connection = connections[using]\n    if connection.needs_rollback:\n',
         tests=(VIEW_TX,),
@@ -955,7 +931,7 @@ MUTANTS: list[Mutant] = [
     # phases.py
     m(
         "PH1",
-        "phases.py",
+        "protocol/phases.py",
         "            else:\n"
         "                store.advance(context.claim, name)\n"
         "    finally:\n"
@@ -969,7 +945,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "PH2",
-        "phases.py",
+        "protocol/phases.py",
         "    if position(phases, name) <= position(phases, context.recovery_point):\n",
         "    if position(phases, name) < position(phases, context.recovery_point):\n",
         tests=("tests/test_phases.py",),
@@ -978,7 +954,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "PH3",
-        "phases.py",
+        "protocol/phases.py",
         "    if not context.recovery_point:\n"
         "        release(context.claim, status)\n        return\n",
         "    release(context.claim, status)\n    return\n",
@@ -988,7 +964,7 @@ MUTANTS: list[Mutant] = [
     # relay.py
     m(
         "R1",
-        "marks.py",
+        "outbox/marks.py",
         "WHERE m.id = c.id AND m.attempts = c.attempts AND m.available_at = c.until\n",
         "WHERE m.id = c.id\n",
         tests=(f"{GUARDS}::test_a_relay_whose_lease_ran_out_cannot_mark_the_message_sent",),
@@ -997,7 +973,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "R1s",
-        "marks.py",
+        "outbox/marks.py",
         '            "attempts": attempts,\n'
         '            "available_at": clock.to_db(end, connection),\n',
         "",
@@ -1007,7 +983,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "R2",
-        "relay.py",
+        "outbox/failures.py",
         "        attempts=message.attempts,\n"
         "        available_at=clock.to_db(message.available_at, connections[using]),\n"
         "    )\n",
@@ -1017,7 +993,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "R3",
-        "relay.py",
+        "outbox/claim.py",
         "    FOR UPDATE SKIP LOCKED\n",
         "",
         tests=("tests/test_relay_concurrency.py",),
@@ -1026,7 +1002,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "R4",
-        "relay.py",
+        "outbox/claim.py",
         "                pk=pk, state=OutboxState.PENDING, attempts=attempts, "
         "available_at__lte=due\n",
         "                pk=pk\n",
@@ -1036,7 +1012,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "R5",
-        "relay.py",
+        "outbox/claim.py",
         "            available_at__lte=now(using),\n"
         "            attempts__gte=conf.outbox_max_attempts,\n",
         "            attempts__gte=conf.outbox_max_attempts,\n",
@@ -1048,7 +1024,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "R6",
-        "relay.py",
+        "outbox/claim.py",
         "        state = CASE WHEN m.attempts >= %(max)s THEN 'dead' ELSE m.state END,\n",
         "        state = CASE WHEN m.attempts + 1 >= %(max)s THEN 'dead' ELSE m.state END,\n",
         tests=(
@@ -1060,7 +1036,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "R7",
-        "marks.py",
+        "outbox/marks.py",
         "        else:\n            self._arm()\n",
         "",
         tests=(
@@ -1073,7 +1049,7 @@ MUTANTS: list[Mutant] = [
     # retention.py
     m(
         "T1",
-        "retention.py",
+        "retention/sweeper.py",
         "        if partition.day >= report.cutoff.date():\n",
         "        if partition.day > report.cutoff.date():\n",
         tests=("tests/test_retention.py",),
@@ -1082,7 +1058,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "T2",
-        "retention.py",
+        "retention/sweeper.py",
         "                state=OutboxState.SENT,\n                sent_at__lt=",
         "                sent_at__lt=",
         tests=("tests/test_retention.py",),
@@ -1096,7 +1072,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "T3",
-        "retention.py",
+        "retention/sweeper.py",
         "        Q(state=RecordState.COMPLETED) | Q(lease_until__lte=now), expires_at__lte=now\n",
         "        Q(state=RecordState.COMPLETED) | Q(lease_until__lte=now),\n"
         "        expires_at__lte=now + dt.timedelta(days=1),\n",
@@ -1106,7 +1082,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "T4",
-        "retention.py",
+        "retention/sweeper.py",
         "                    now - dt.timedelta(seconds=conf.outbox_retention), connection\n",
         "                    now, connection\n",
         tests=(RETENTION,),
@@ -1115,7 +1091,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "T5",
-        "retention.py",
+        "retention/sweeper.py",
         "    for offset in range(days_ahead() + 1):\n",
         "    for offset in range(days_ahead()):\n",
         tests=(
@@ -1127,7 +1103,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "T6",
-        "retention.py",
+        "retention/sweeper.py",
         "        Q(state=RecordState.COMPLETED) | Q(lease_until__lte=now), expires_at__lte=now\n",
         "        expires_at__lte=now\n",
         tests=(
@@ -1141,7 +1117,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "T7",
-        "retention.py",
+        "store/schema/tables.py",
         "    window = max(conf.max_retention, conf.retention, conf.lease, 0.0)\n",
         "    window = 0.0\n",
         tests=(f"{EDGES}::test_the_sweeper_creates_every_partition_a_claim_needs[partitioned]",),
@@ -1150,10 +1126,9 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "T8",
-        "retention.py",
-        "        if partition.attached and partitions.holds_live_records("
-        "connection, partition, report.now):\n",
-        "        if False:\n",
+        "retention/sweeper.py",
+        "            if partition.attached and partitions.holds_live_records(\n",
+        "            if False and partitions.holds_live_records(\n",
         tests=(
             f"{EDGES}::test_a_live_lease_holds_its_partition_past_its_day[partitioned]",
             f"{EDGES}::test_a_takeover_near_the_end_of_the_window_survives_the_sweep[partitioned]",
@@ -1166,11 +1141,11 @@ MUTANTS: list[Mutant] = [
     # partitions.py
     m(
         "PT1",
-        "partitions.py",
+        "store/schema/tables.py",
         '            "ORDER BY created_at DESC ON CONFLICT DO NOTHING"\n',
         '            "ORDER BY created_at ASC ON CONFLICT DO NOTHING"\n',
         tests=(
-            "tests/test_partition_upgrade.py::"
+            "tests/test_schema.py::"
             "test_back_to_the_plain_table_keeps_the_newer_of_two_rows_of_one_scope",
         ),
         backends=(PG,),
@@ -1178,7 +1153,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "PT2",
-        "partitions.py",
+        "retention/partitions.py",
         "                             AND NOT i.inhdetachpending)\n",
         ")\n",
         tests=("tests/test_partitions.py",),
@@ -1194,7 +1169,7 @@ MUTANTS: list[Mutant] = [
     # drf.py, decorators.py, checks_views.py: protection where it cannot work is refused
     m(
         "K1",
-        "drf.py",
+        "protocol/drf.py",
         "        super().__init_subclass__(**kwargs)\n        _refuse_misplaced_mixin(cls)\n",
         "        super().__init_subclass__(**kwargs)\n",
         tests=(
@@ -1206,7 +1181,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "K2",
-        "drf.py",
+        "protocol/drf.py",
         '    return code is None or "super" in code.co_names\n',
         "    return True\n",
         tests=(
@@ -1219,7 +1194,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "K3",
-        "drf.py",
+        "protocol/drf.py",
         "    if issubclass(cls, View) and not issubclass(cls, APIView):\n",
         "    if False:\n",
         tests=("tests/test_decorators.py::test_the_mixin_on_a_django_class_based_view_is_refused",),
@@ -1228,7 +1203,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "K4",
-        "decorators.py",
+        "protocol/decorators.py",
         '    if hasattr(func, "_idempotency_options"):\n        raise TypeError(\n',
         "    if False:\n        raise TypeError(\n",
         tests=("tests/test_decorators.py::test_idempotent_over_idempotent_is_refused",),
@@ -1237,8 +1212,8 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "K5",
-        "decorators.py",
-        "        if handler is not None and _closure_options(handler) is not None:\n",
+        "protocol/decorators.py",
+        "        if handler is not None and closure_options(handler) is not None:\n",
         "        if False:\n",
         tests=("tests/test_decorators.py::test_idempotent_over_idempotent_is_refused",),
         backends=(SQLITE,),  # decided when the class or the URLconf is built
@@ -1246,7 +1221,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "K6",
-        "decorators.py",
+        "protocol/decorators.py",
         "    if isinstance(func, (staticmethod, classmethod)):\n",
         "    if False:\n",
         tests=(
@@ -1258,7 +1233,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "K7",
-        "decorators.py",
+        "protocol/decorators.py",
         "    if isinstance(func, type):\n",
         "    if False:\n",
         tests=("tests/test_decorators.py::test_idempotent_on_a_class_is_refused",),
@@ -1267,7 +1242,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "K8",
-        "checks_views.py",
+        "checks/views.py",
         '        if not hasattr(getattr(view_class, name, None), "_idempotency_options"):\n'
         "            continue\n        drf =",
         "        continue\n        drf =",
@@ -1277,7 +1252,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "K9",
-        "checks_views.py",
+        "checks/views.py",
         "        if _idempotent_layers(getattr(view_class, name, None)) > 1:\n",
         "        if _idempotent_layers(getattr(view_class, name, None)) > 2:\n",
         tests=("tests/test_checks.py::test_e010_protection_that_cannot_work_as_stacked",),
@@ -1286,7 +1261,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "K10",
-        "checks_views.py",
+        "checks/views.py",
         "    for name, klass in shadowing(view_class):\n",
         "    for name, klass in []:\n",
         tests=("tests/test_checks.py::test_e010_protection_that_cannot_work_as_stacked",),
@@ -1295,7 +1270,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "K11",
-        "checks_views.py",
+        "checks/urls.py",
         '    if not getattr(settings, "ROOT_URLCONF", None):\n        return [], None\n',
         "",
         tests=(
@@ -1308,7 +1283,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "K12",
-        "checks_views.py",
+        "checks/urls.py",
         "    except Exception as exc:  # a system check reports, it never crashes the command\n",
         "    except ImportError as exc:\n",
         tests=("tests/test_checks.py::test_w009_names_the_error_a_urlconf_raises_while_importing",),
@@ -1318,7 +1293,7 @@ MUTANTS: list[Mutant] = [
     # retention.py: what the sweeper reports and keeps
     m(
         "K13",
-        "retention.py",
+        "retention/sweeper.py",
         "                connection, partition, lock_timeout=LOCK_TIMEOUT\n"
         "            ):\n"
         "                report.held.append(partition.name)\n"
@@ -1335,7 +1310,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "K14",
-        "retention.py",
+        "retention/sweeper.py",
         "        deleted = int(ordered.filter(pk__in=chunk)._raw_delete(using))\n",
         "        deleted = int(\n"
         "            queryset.model._default_manager.using(using)\n"
@@ -1375,7 +1350,7 @@ MUTANTS: list[Mutant] = [
     # takeover causes, and guards no test noticed (heartbeat, blank keys, 422s) -------
     m(
         "CL1",
-        "context.py",
+        "protocol/context.py",
         "        if claim.scope == scope and claim.using == using:\n",
         "        if False:\n",
         tests=(NESTED, "tests/test_inbox_calls.py"),
@@ -1383,7 +1358,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "CL2",
-        "context.py",
+        "protocol/context.py",
         '            return None if getattr(http, "resolver_match", None) is not None '
         "else context\n",
         "            return context\n",
@@ -1392,7 +1367,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "CL3",
-        "context.py",
+        "protocol/context.py",
         "            if http is None or http is context._request:\n",
         "            if http is None:\n",
         tests=(NESTED,),
@@ -1400,7 +1375,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "CL4",
-        "protocol.py",
+        "protocol/decide.py",
         "                store.abandon(result)  "
         "# nothing ran: the key is free for a retry at once\n",
         "                presence.ensure_released(result)\n",
@@ -1409,7 +1384,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "CL5",
-        "inbox.py",
+        "inbox/calls.py",
         "            store.abandon(claim)  # nothing ran: the key is free for a retry at once\n",
         "            presence.ensure_released(claim)\n",
         tests=("tests/test_claimed_receivers.py",),
@@ -1417,7 +1392,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "CL6",
-        "store.py",
+        "store/settle.py",
         "        if claim.recovery_point:\n            suspend(claim)\n        else:\n"
         "            release(claim)\n",
         "        release(claim)\n",
@@ -1429,7 +1404,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "CL7",
-        "inbox.py",
+        "inbox/calls.py",
         "                if doomed:  # the block's own choice: nothing of it can commit\n"
         "                    raise _Doomed(doomed)\n",
         "",
@@ -1438,7 +1413,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "CL8",
-        "presence.py",
+        "store/presence.py",
         "        release_leftovers(entry, what)\n",
         "        pass\n",
         tests=(
@@ -1450,7 +1425,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "CL9",
-        "presence.py",
+        "store/presence.py",
         "            elif held.entry is entry:\n",
         "            elif True:\n",
         tests=("tests/test_presence.py::test_an_entry_point_leaves_claims_it_did_not_make_alone",),
@@ -1459,9 +1434,9 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "CL10",
-        "operators.py",
+        "store/operators.py",
         '        .update(lease_until=F("created_at"))\n',
-        "        .update(lease_until=_now_value(using))\n",
+        "        .update(lease_until=now_value(using))\n",
         tests=(
             "tests/test_logging.py::"
             "test_a_takeover_says_whether_the_lease_expired_or_an_operator_ended_it",
@@ -1470,7 +1445,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "CL11",
-        "_pg.py",
+        "store/sql.py",
         "    SELECT id, lease_until = created_at AS by_operator FROM {_T}\n",
         "    SELECT id, false AS by_operator FROM {_T}\n",
         tests=(
@@ -1482,7 +1457,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "CL12",
-        "store.py",
+        "store/claims.py",
         "    return (False, existing.ended_by_operator) if updated == 1 else None\n",
         "    return (False, False) if updated == 1 else None\n",
         tests=(
@@ -1494,7 +1469,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "CL13",
-        "_pg.py",
+        "store/sql.py",
         "      AND r.state = 'claimed' AND r.fingerprint = %(fingerprint)s\n",
         "      AND r.state = 'claimed'\n",
         tests=(
@@ -1505,7 +1480,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "CL14",
-        "_pg_partitioned.py",
+        "store/schema/functions.py",
         "           AND v_row.fingerprint = p_fingerprint AND v_row.owner_pid IS NOT NULL\n",
         "           AND v_row.owner_pid IS NOT NULL\n",
         tests=(
@@ -1516,7 +1491,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "CL15",
-        "heartbeat.py",
+        "store/heartbeat.py",
         '                    logger.warning("heartbeat found the claim taken over; stopped", '
         "extra=kwargs)\n                    return\n",
         '                    logger.warning("heartbeat found the claim taken over; stopped", '
@@ -1527,7 +1502,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "CL16",
-        "heartbeat.py",
+        "store/heartbeat.py",
         "                    connections[self.claim.using].close()\n                    continue\n",
         "                    continue\n",
         tests=(
@@ -1538,7 +1513,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "CL17",
-        "heartbeat.py",
+        "store/heartbeat.py",
         "                    connections[self.claim.using].close()\n                    continue\n",
         "                    return\n",
         tests=(
@@ -1549,7 +1524,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "CL18",
-        "inbox.py",
+        "inbox/calls.py",
         "                guard.check()  "
         "# a refused write the body caught still fails the attempt\n",
         "",
@@ -1561,7 +1536,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "CL19",
-        "inbox.py",
+        "inbox/calls.py",
         "        except BaseException:\n            _release(claim)\n",
         "        except Exception:\n            _release(claim)\n",
         tests=(
@@ -1580,7 +1555,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "CL21",
-        "operators.py",
+        "store/operators.py",
         "        and existing.lease_remaining <= 0\n"
         "        and existing.fingerprint == fingerprint\n",
         "        and existing.lease_remaining <= 0\n",
@@ -1592,7 +1567,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "CL22",
-        "execution.py",
+        "protocol/execute.py",
         "        if isinstance(caller, IdempotencyContext):  # the caller's own again\n"
         "            attach(request, caller)\n",
         "",
@@ -1639,7 +1614,7 @@ MUTANTS: list[Mutant] = [
     # write_guard.py: judged by kind, every write still refused
     m(
         "W5",
-        "write_guard.py",
+        "transactions/write_guard.py",
         "        if _kind_writes(words[index + 1 : end]):\n            return True\n",
         "",
         tests=(
@@ -1650,7 +1625,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "W6",
-        "write_guard.py",
+        "transactions/write_guard.py",
         "    return analyzed and _kind_writes(words[start:])\n",
         "    return _kind_writes(words[start:])\n",
         tests=(
@@ -1661,7 +1636,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "W7",
-        "write_guard.py",
+        "transactions/write_guard.py",
         '        "NOTIFY", "REASSIGN", "LOAD",\n',
         '        "REASSIGN", "LOAD",\n',
         tests=(
@@ -1672,7 +1647,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "W8",
-        "write_guard.py",
+        "transactions/write_guard.py",
         "            texts.append(nested)\n",
         "            pass\n",
         tests=(f"{DATABASES}::test_statements_that_write",),
@@ -1680,7 +1655,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "W9",
-        "write_guard.py",
+        "transactions/write_guard.py",
         '        return "INTO" in rest  # SELECT ... INTO creates a table; INTO is reserved\n',
         "        return False\n",
         tests=(f"{DATABASES}::test_statements_that_write",),
@@ -1689,7 +1664,7 @@ MUTANTS: list[Mutant] = [
     # fingerprint.py: the media type, per-render form tokens
     m(
         "W10",
-        "fingerprint.py",
+        "protocol/fingerprint.py",
         "        *_media_type_parts(body, media_type),\n",
         "",
         tests=(
@@ -1700,7 +1675,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "W11",
-        "fingerprint.py",
+        "protocol/fingerprint.py",
         "    if tuple(body) == _EMPTY:\n        return []\n",
         "",
         tests=(f"{FINGERPRINT}::test_an_empty_body_has_no_media_type",),
@@ -1708,7 +1683,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "W12",
-        "fingerprint.py",
+        "protocol/fingerprint.py",
         "            return _form_parts(post, files, (*exclude, *form_exclude))\n",
         "            return _form_parts(post, files, exclude)\n",
         tests=(
@@ -1719,7 +1694,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "W13",
-        "protocol.py",
+        "protocol/begin.py",
         "            form_exclude=conf.fingerprint_form_tokens,\n",
         "",
         tests=(
@@ -1731,7 +1706,7 @@ MUTANTS: list[Mutant] = [
     # responses.py: the language label stored with the body
     m(
         "W14",
-        "responses.py",
+        "protocol/responses.py",
         "    label_language(response)\n",
         "",
         tests=(f"{REPLAY_HEADERS}::test_a_replay_keeps_the_language_of_the_body_it_replays",),
@@ -1740,7 +1715,7 @@ MUTANTS: list[Mutant] = [
     # savepoints.py: only Django's own release is held
     m(
         "W15",
-        "savepoints.py",
+        "transactions/savepoints.py",
         "            ours = _DJANGO_SAVEPOINT.fullmatch(sql)",
         "            ours = _DJANGO_SAVEPOINT.match(sql)",
         tests=(
@@ -1751,7 +1726,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "W16",
-        "savepoints.py",
+        "transactions/savepoints.py",
         r'_ENDS_SAVEPOINTS = re.compile(r"\b(?:savepoint|release|rollback|',
         r'_ENDS_SAVEPOINTS = re.compile(r"\b(?:savepoint|rollback|',
         tests=(f"{SAVEPOINTS}::test_a_views_own_release_ends_the_holding_in_either_spelling",),
@@ -1760,7 +1735,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "W17",
-        "write_guard.py",
+        "transactions/write_guard.py",
         "        return not all(part in _BEGIN_WORDS for word in rest for part in word.split())\n",
         "        return False\n",
         tests=(f"{DATABASES}::test_statements_that_write",),
@@ -1770,7 +1745,7 @@ MUTANTS: list[Mutant] = [
     # outlives the database
     m(
         "RL1",
-        "marks.py",
+        "outbox/marks.py",
         "            self._oldest = time.monotonic() - self.max_age  # due: they are old\n",
         "            pass\n",
         tests=(f"{_MARKS}::test_marks_retried_after_a_failed_write_keep_their_deadline",),
@@ -1779,7 +1754,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "RL2",
-        "relay.py",
+        "outbox/claim.py",
         "        # still this claim: every message of a batch got the same lease end\n"
         "        available_at=clock.to_db(messages[0].available_at, connections[using]),\n",
         "",
@@ -1791,7 +1766,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "RL3",
-        "marks.py",
+        "outbox/marks.py",
         "                    failures += 1\n                    _close_connection(self.using)\n",
         "                    failures += 1\n",
         tests=(f"{_MARKS}::test_the_watchdog_reconnects_when_its_connection_dies",),
@@ -1800,7 +1775,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "RL4",
-        "relay.py",
+        "outbox/deliver.py",
         "        _record(relay, outcomes)\n",
         "",
         tests=(
@@ -1812,8 +1787,8 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "RL5",
-        "relay.py",
-        "        _hand_back_quietly(using, [*pool.cancel(), *claimed[index:]])\n",
+        "outbox/deliver.py",
+        "        hand_back_quietly(using, [*pool.cancel(), *claimed[index:]])\n",
         "        pool.cancel()\n",
         tests=(
             f"{_STOPS}::test_ctrl_c_while_the_relay_waits_on_its_pool_marks_what_the_pool_delivered",
@@ -1824,8 +1799,8 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "RL6",
-        "relay.py",
-        "        _hand_back_quietly(using, claimed[begun:])\n",
+        "outbox/deliver.py",
+        "        hand_back_quietly(using, claimed[begun:])\n",
         "",
         tests=(
             f"{_STOPS}::test_a_second_sigterm_stops_the_relay_at_once",
@@ -1835,7 +1810,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "RL7",
-        "relay.py",
+        "outbox/deliver.py",
         "            if relay.stopping or time.monotonic() - started > lease / 2:\n",
         "            if time.monotonic() - started > lease / 2:\n",
         tests=(
@@ -1846,7 +1821,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "RL8",
-        "relay.py",
+        "outbox/deliver.py",
         "            if index < len(claimed) and (relay.stopping or time.monotonic() - started > "
         "lease / 2):\n",
         "            if index < len(claimed) and (time.monotonic() - started > lease / 2):\n",
@@ -1857,7 +1832,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "RL9",
-        "relay.py",
+        "outbox/relay.py",
         "            pool.wake()  # the relay's thread may be waiting for a handler's outcome\n",
         "            pass\n",
         tests=(
@@ -1867,7 +1842,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "RL10",
-        "jobs.py",
+        "management/jobs.py",
         "            raise _Idle\n",
         "            pass\n",
         tests=(
@@ -1891,7 +1866,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "RL12",
-        "jobs.py",
+        "management/jobs.py",
         "        if self.failures == 1:\n",
         "        if True:\n",
         tests=(
@@ -1924,7 +1899,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "RL15",
-        "relay.py",
+        "outbox/deliver.py",
         "                if error is not None:\n"
         "                    _discard_broken_connections()\n",
         "",
@@ -1934,7 +1909,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "RL16",
-        "relay.py",
+        "outbox/deliver.py",
         "            if error is not None or connections[using].errors_occurred:\n"
         "                _discard_broken_connections()\n",
         "",

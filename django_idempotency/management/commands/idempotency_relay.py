@@ -1,6 +1,6 @@
 """``manage.py idempotency_relay``: deliver outbox messages without Celery (docs/outbox.md).
 
-The loop outlives the database: an outage (``django_idempotency.jobs``) is logged
+The loop outlives the database: an outage (``management.jobs``) is logged
 once when it starts and once when it ends, the relay retries with backoff and goes
 on. ``SIGTERM`` (``kill``, a container stop) is a graceful stop: the handlers running
 finish, what was delivered is marked, the rest of the batch is handed back, and the

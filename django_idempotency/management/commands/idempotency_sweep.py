@@ -2,7 +2,7 @@
 
 One sweep by default (cron); with ``--loop``, a sweep every ``--interval`` seconds
 until ``SIGTERM`` or Ctrl-C, riding out database outages as the relay command does
-(``django_idempotency.jobs``).
+(``management.jobs``).
 """
 
 from __future__ import annotations

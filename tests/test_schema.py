@@ -1,65 +1,52 @@
-"""Migration 0003 on PostgreSQL: plain table -> partitioned and back, and the opt-out.
+"""The record table on PostgreSQL: the migration's choice of kind, and the conversions.
 
-Also runs the store and the sweeper on a plain PostgreSQL table (a project that opted
-out of partitioning), so both table kinds stay tested.
+The initial migration partitions the record table by day unless ``PARTITION_RECORDS``
+is ``False`` when it runs; ``store.schema.tables`` converts an existing table either
+way, keeping its rows.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 import uuid
 
 import pytest
 from django.core.management import call_command
 from django.db import connection, transaction
-from django.db.migrations.loader import MigrationLoader
 from django.db.models import Max
 from django.test import override_settings
 
 from django_idempotency import retention, store, testing
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.retention import partitions
-from django_idempotency.store.schema import forget, is_partitioned
+from django_idempotency.store import clock
+from django_idempotency.store.catalog import forget, is_partitioned
+from django_idempotency.store.schema import tables
 from tests.concurrency import Runner
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 APP = "django_idempotency"
-BEFORE = "0002_outbox"
 DAY = 86400.0
 FP, OTHER_FP = "a" * 64, "b" * 64
 
 
-def migrate(target: str) -> None:
-    call_command("migrate", APP, target, verbosity=0)
+def migrate_afresh(**idempotency: object) -> None:
+    """Unapply and apply the app's migrations, with these ``IDEMPOTENCY`` settings."""
+    call_command("migrate", APP, "zero", verbosity=0)
+    with override_settings(IDEMPOTENCY=idempotency):
+        call_command("migrate", APP, verbosity=0)
     forget()
-
-
-def latest() -> str:
-    (leaf,) = [name for app, name in MigrationLoader(connection).graph.leaf_nodes() if app == APP]
-    return leaf
-
-
-def to_plain() -> None:
-    """Switch the test database to the plain table at the latest schema."""
-    migrate(BEFORE)
-    with override_settings(IDEMPOTENCY={"PARTITION_RECORDS": False}):
-        migrate(latest())
-
-
-def to_partitioned() -> None:
-    migrate(BEFORE)
-    migrate(latest())
 
 
 @pytest.fixture
 def plain_table():
-    to_plain()
+    migrate_afresh(PARTITION_RECORDS=False)
     try:
         yield
     finally:
-        migrate(BEFORE)  # whatever the test left, end on the default partitioned table
-        migrate(latest())
+        migrate_afresh()  # whatever the test left, end on the default partitioned table
 
 
 def scope() -> store.Scope:
@@ -84,8 +71,52 @@ def has_scope_constraint() -> bool:
         return cursor.fetchone()[0] == 1
 
 
-def test_upgrade_from_the_plain_table_keeps_rows_and_claims(plain_table):
+def to_partitioned() -> None:
+    today = clock.store_now(connection).date()
+    with transaction.atomic():
+        tables.to_partitioned(
+            connection,
+            keep_since=None,
+            days=[today + dt.timedelta(days=n) for n in range(tables.days_ahead() + 1)],
+        )
+
+
+def to_plain() -> None:
+    with connection.schema_editor() as editor:
+        tables.to_plain(connection, editor, IdempotencyRecord)
+
+
+def test_the_migration_partitions_the_table_by_default():
+    """On PostgreSQL 14+ the record table is partitioned, with the days a claim needs."""
+    assert is_partitioned(connection) and not has_scope_constraint()
+    today = clock.store_now(connection).date()
+    names = {p.name for p in partitions.list_partitions(connection)}
+    assert {partitions.partition_name(today + dt.timedelta(days=n)) for n in range(2)} <= names
+
+
+def test_partition_records_false_keeps_the_plain_table(plain_table):
+    """The opt-out: a unique constraint decides, and one of concurrent first claims wins."""
     assert not is_partitioned(connection) and has_scope_constraint()
+    assert partitions.list_partitions(connection) == []
+    for _ in range(5):  # a race: several rounds
+        sc = scope()
+        barrier = threading.Barrier(8)
+        runner = Runner()
+
+        def contender():
+            barrier.wait(10)
+            return claim(sc)
+
+        for _ in range(8):
+            runner.start(contender)
+        winners = [r for r in runner.join() if isinstance(r, store.Claim)]
+        assert len(winners) == 1
+        assert IdempotencyRecord.objects.get(key=sc.key).owner_token == winners[0].owner_token
+
+
+def test_converting_a_table_either_way_keeps_its_rows_and_claims(plain_table):
+    """Plain to partitioned and back: every row is kept, replays and takeovers still work,
+    and a record long past its window is left for the sweeper."""
     completed = scope()
     done(claim(completed), b"kept")
     in_flight = scope()
@@ -117,7 +148,7 @@ def test_upgrade_from_the_plain_table_keeps_rows_and_claims(plain_table):
     assert claim(scope()).record_id > max_id
     rows = set(IdempotencyRecord.objects.values_list("pk", "key", "state", "fingerprint"))
 
-    to_plain()  # and back
+    to_plain()
 
     assert not is_partitioned(connection) and has_scope_constraint()
     assert set(IdempotencyRecord.objects.values_list("pk", "key", "state", "fingerprint")) == rows
@@ -126,41 +157,8 @@ def test_upgrade_from_the_plain_table_keeps_rows_and_claims(plain_table):
     assert claim(scope()).record_id > max_id
 
 
-def test_partition_records_false_keeps_the_plain_table(plain_table):
-    assert not is_partitioned(connection) and has_scope_constraint()
-    assert partitions.list_partitions(connection) == []
-    for _ in range(5):  # a race: several rounds
-        sc = scope()
-        barrier = threading.Barrier(8)
-        runner = Runner()
-
-        def contender():
-            barrier.wait(10)
-            return claim(sc)
-
-        for _ in range(8):
-            runner.start(contender)
-        winners = [r for r in runner.join() if isinstance(r, store.Claim)]
-        assert len(winners) == 1
-        assert IdempotencyRecord.objects.get(key=sc.key).owner_token == winners[0].owner_token
-
-
-def test_sweep_on_a_plain_postgres_table_deletes_in_batches(plain_table):
-    with testing.travel(-10 * DAY):
-        old = [claim(scope()) for _ in range(7)]
-    recent = claim(scope())
-    with override_settings(IDEMPOTENCY={"SWEEP_BATCH_SIZE": 3}):
-        dry = retention.sweep(dry_run=True)
-        assert (dry.method, dry.deleted_records) == ("delete", 7)
-        assert IdempotencyRecord.objects.count() == 8
-        report = retention.sweep()
-    assert report.deleted_records == 7 and report.dropped == []
-    assert list(IdempotencyRecord.objects.values_list("pk", flat=True)) == [recent.record_id]
-    assert not IdempotencyRecord.objects.filter(pk__in=[c.record_id for c in old]).exists()
-    assert retention.sweep().deleted_records == 0
-
-
-def test_plain_postgres_reuse_and_takeover(plain_table):
+def test_the_plain_table_reuses_past_their_window_and_takes_over(plain_table):
+    """A key past its window is a new record (a new generation), as on partitions."""
     sc = scope()
     first = claim(sc, lease=30, retention_s=DAY)
     with testing.travel(31):
@@ -169,8 +167,6 @@ def test_plain_postgres_reuse_and_takeover(plain_table):
     done(second)
     with testing.travel(DAY + 60):
         fresh = claim(sc, OTHER_FP, retention_s=DAY)
-    # Past its window the key is new: a new row (a new generation), as on the
-    # partitioned table.
     assert isinstance(fresh, store.Claim) and fresh.record_id != first.record_id
     assert IdempotencyRecord.objects.filter(key=sc.key).count() == 1
 
@@ -199,4 +195,19 @@ def test_back_to_the_plain_table_keeps_the_newer_of_two_rows_of_one_scope():
         (kept,) = IdempotencyRecord.objects.filter(key=sc.key)
         assert kept.fingerprint == OTHER_FP and kept.state == "claimed"
     finally:
-        to_partitioned()
+        migrate_afresh()
+
+
+def test_the_migration_unapplies_cleanly():
+    """Migrating to zero drops the tables and every function; migrating again restores them."""
+    call_command("migrate", APP, "zero", verbosity=0)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT proname FROM pg_proc WHERE proname LIKE 'django_idempotency%%'")
+            assert cursor.fetchall() == []
+            cursor.execute("SELECT to_regclass('django_idempotency_record')")
+            assert cursor.fetchone() == (None,)
+    finally:
+        call_command("migrate", APP, verbosity=0)
+        forget()
+    assert is_partitioned(connection)

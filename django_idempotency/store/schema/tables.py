@@ -1,0 +1,222 @@
+"""What the initial migration does to the record table on PostgreSQL (docs/retention.md).
+
+:func:`install` creates the fenced completion's function and, unless
+``PARTITION_RECORDS`` is ``False`` (or the server is older than PostgreSQL 14),
+converts the plain table the migration created into the day-partitioned one
+(:func:`to_partitioned`); :func:`uninstall` reverses it. The conversions run in the
+caller's transaction: all or nothing. The test suite uses them to run every store test
+on both kinds of table.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import warnings
+from typing import Any
+
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from django_idempotency.conf import conf
+from django_idempotency.store import catalog, clock
+from django_idempotency.store.schema.functions import (
+    CLAIM_FUNCTION,
+    COMPLETE_FUNCTION,
+    COMPLETE_SIGNATURE,
+    DROP_PARTITION_FUNCTIONS,
+    ENSURE_PARTITION_FUNCTION,
+    SCOPE_TRIGGER,
+    SCOPE_TRIGGER_FUNCTION,
+    TABLE,
+)
+
+#: PostgreSQL 14 brought ``DETACH PARTITION ... CONCURRENTLY``; 13 BEFORE row triggers
+#: on partitioned tables. Older servers keep the plain table.
+MIN_SERVER_VERSION = 140000
+_PLAIN_COPY = f"{TABLE}_unpartitioned"
+_PARTITIONED_COPY = f"{TABLE}_partitioned"
+
+
+def days_ahead() -> int:
+    """Days of partitions kept created after today (PostgreSQL).
+
+    Enough for the window of a claim made now under ``MAX_RETENTION`` (and
+    ``RETENTION``, and the lease), plus ``PARTITIONS_AHEAD`` days: a claim then never
+    has to create its partition, which could queue behind a sweeper's detach.
+    """
+    window = max(conf.max_retention, conf.retention, conf.lease, 0.0)
+    return math.ceil(window / 86400.0) + max(conf.partitions_ahead, 0)
+
+
+def install(connection: BaseDatabaseWrapper) -> None:
+    """The initial migration's PostgreSQL part, forwards (no-op on other databases).
+
+    Creates ``django_idempotency_complete`` and, per ``PARTITION_RECORDS`` (read when the
+    migration runs; the store then detects the table's kind per connection), partitions
+    the record table by day, with the partitions of today and of every day a claim made
+    now may need (:func:`days_ahead`).
+
+    Warns:
+        RuntimeWarning: the server is older than PostgreSQL 14; the table stays plain.
+    """
+    catalog.forget()
+    if connection.vendor != "postgresql":
+        return
+    with connection.cursor() as cursor:  # no parameters: the body has % signs
+        cursor.execute(COMPLETE_FUNCTION)
+    if not conf.partition_records:
+        return
+    if connection.pg_version < MIN_SERVER_VERSION:  # type: ignore[attr-defined]
+        warnings.warn(
+            "django-idempotency: PostgreSQL 14 or later is needed to partition the "
+            "record table; it stays a plain table (swept by batched deletes).",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return
+    today = clock.store_now(connection).date()
+    days = [today + dt.timedelta(days=n) for n in range(days_ahead() + 1)]
+    to_partitioned(connection, keep_since=None, days=days)
+
+
+def uninstall(connection: BaseDatabaseWrapper) -> None:
+    """The initial migration's PostgreSQL part, backwards: drop the functions it made.
+
+    The tables themselves are dropped by the migration's ``DeleteModel`` operations.
+    """
+    catalog.forget()
+    if connection.vendor != "postgresql":
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP TRIGGER IF EXISTS {TABLE}_scope_unique ON {TABLE}")
+        cursor.execute(f"DROP FUNCTION IF EXISTS {COMPLETE_SIGNATURE}")
+    drop_functions(connection)
+
+
+def install_functions(connection: BaseDatabaseWrapper) -> None:
+    """Create (or replace) the server-side functions of the partitioned table."""
+    with connection.cursor() as cursor:
+        for sql in (ENSURE_PARTITION_FUNCTION, CLAIM_FUNCTION, SCOPE_TRIGGER_FUNCTION):
+            cursor.execute(sql)
+
+
+def to_partitioned(
+    connection: BaseDatabaseWrapper,
+    *,
+    keep_since: dt.datetime | None,
+    days: list[dt.date],
+) -> int:
+    """Replace the plain record table by a day-partitioned one (the initial migration).
+
+    Locks the table, renames it, creates the partitioned table with the same columns
+    and checks (partitioned by ``sweep_after``), creates the partitions of
+    ``days`` and of every day holding a copied row, copies the rows (with
+    ``keep_since``, only those whose partition key is at or after it: older rows are
+    those the sweeper would drop), drops the old table and builds the indexes. Runs in
+    the caller's transaction: all or nothing. Returns the number of rows copied.
+    """
+    key = "sweep_after"
+    since = f"WHERE {key} >= %s" if keep_since is not None else ""
+    since_params = [keep_since] if keep_since is not None else []
+    with connection.cursor() as cursor:
+        cursor.execute(f"LOCK TABLE {TABLE} IN ACCESS EXCLUSIVE MODE")
+        cursor.execute(f"ALTER TABLE {TABLE} RENAME TO {_PLAIN_COPY}")
+        cursor.execute(
+            f"CREATE TABLE {TABLE} (LIKE {_PLAIN_COPY} INCLUDING DEFAULTS INCLUDING "
+            f"CONSTRAINTS INCLUDING IDENTITY) PARTITION BY RANGE ({key})"
+        )
+        install_functions(connection)
+        cursor.execute(
+            f"SELECT DISTINCT ({key} AT TIME ZONE 'UTC')::date FROM {_PLAIN_COPY} {since}",
+            since_params,
+        )
+        row_days = {day for (day,) in cursor.fetchall()}
+        for day in sorted(row_days | set(days)):
+            cursor.execute("SELECT django_idempotency_ensure_partition(%s::date)", [day])
+        cursor.execute(f"INSERT INTO {TABLE} SELECT * FROM {_PLAIN_COPY} {since}", since_params)
+        copied = int(cursor.rowcount)
+        cursor.execute(
+            f"SELECT setval(pg_get_serial_sequence('{TABLE}', 'id'), "
+            f"COALESCE((SELECT max(id) FROM {_PLAIN_COPY}), 0) + 1, false)"
+        )
+        cursor.execute(f"DROP TABLE {_PLAIN_COPY}")
+        _rename_sequence(cursor, f"{TABLE}_id_seq")
+        cursor.execute(f"ALTER TABLE {TABLE} ADD CONSTRAINT {TABLE}_pkey PRIMARY KEY (id, {key})")
+        cursor.execute(
+            f"CREATE INDEX django_idem_record_scope ON {TABLE} (principal, endpoint, key)"
+        )
+        cursor.execute(f"CREATE INDEX django_idem_record_expires ON {TABLE} (expires_at)")
+        cursor.execute(f"CREATE INDEX django_idem_record_created ON {TABLE} (created_at)")
+        cursor.execute(SCOPE_TRIGGER)
+        cursor.execute(
+            f"COMMENT ON TABLE {TABLE} IS 'django-idempotency records, one partition per UTC "
+            f"day of {key}. Scope uniqueness: advisory lock + lookup in "
+            "django_idempotency_claim() and the scope_unique trigger (docs/retention.md).'"
+        )
+    catalog.forget()
+    return copied
+
+
+def to_plain(connection: BaseDatabaseWrapper, schema_editor: Any, model: Any) -> int:
+    """Replace the partitioned record table by a plain one (the tests switch between both kinds).
+
+    ``model`` is the historical ``IdempotencyRecord``; ``schema_editor`` creates its
+    table with the unique constraint. Rows are copied newest first; should one scope
+    have two rows (one left past the retention window), the newer is kept. Returns the
+    number of rows copied.
+    """
+    columns = ", ".join(connection.ops.quote_name(f.column) for f in model._meta.concrete_fields)
+    with connection.cursor() as cursor:
+        cursor.execute(f"LOCK TABLE {TABLE} IN ACCESS EXCLUSIVE MODE")
+        cursor.execute(f"ALTER TABLE {TABLE} RENAME TO {_PARTITIONED_COPY}")
+        cursor.execute(f"DROP TRIGGER IF EXISTS {TABLE}_scope_unique ON {_PARTITIONED_COPY}")
+        cursor.execute(
+            f"ALTER TABLE {_PARTITIONED_COPY} RENAME CONSTRAINT {TABLE}_pkey "
+            f"TO {_PARTITIONED_COPY}_pkey"
+        )
+        for index in (
+            "django_idem_record_scope",
+            "django_idem_record_expires",
+            "django_idem_record_created",
+        ):
+            cursor.execute(f"DROP INDEX IF EXISTS {index}")
+        # Free the names PostgreSQL gives unnamed column checks (response_status >= 0).
+        cursor.execute(
+            "SELECT conname FROM pg_constraint WHERE conrelid = to_regclass(%s) "
+            "AND contype = 'c' AND conname LIKE %s",
+            [_PARTITIONED_COPY, TABLE.replace("_", r"\_") + r"\_%\_check"],
+        )
+        for (name,) in cursor.fetchall():
+            renamed = f"{_PARTITIONED_COPY}{name.removeprefix(TABLE)}"
+            cursor.execute(
+                f'ALTER TABLE {_PARTITIONED_COPY} RENAME CONSTRAINT "{name}" TO "{renamed}"'
+            )
+        _rename_sequence(cursor, f"{_PARTITIONED_COPY}_id_seq", table=_PARTITIONED_COPY)
+        schema_editor.create_model(model)
+        cursor.execute(
+            f"INSERT INTO {TABLE} ({columns}) SELECT {columns} FROM {_PARTITIONED_COPY} "
+            "ORDER BY created_at DESC ON CONFLICT DO NOTHING"
+        )
+        copied = int(cursor.rowcount)
+        cursor.execute(
+            f"SELECT setval(pg_get_serial_sequence('{TABLE}', 'id'), "
+            f"COALESCE((SELECT max(id) FROM {_PARTITIONED_COPY}), 0) + 1, false)"
+        )
+        cursor.execute(f"DROP TABLE {_PARTITIONED_COPY}")
+        drop_functions(connection)
+    catalog.forget()
+    return copied
+
+
+def drop_functions(connection: BaseDatabaseWrapper) -> None:
+    """Drop the server-side functions of the partitioned table, if present."""
+    with connection.cursor() as cursor:
+        for sql in DROP_PARTITION_FUNCTIONS:
+            cursor.execute(sql)
+
+
+def _rename_sequence(cursor: Any, name: str, *, table: str = TABLE) -> None:
+    cursor.execute("SELECT pg_get_serial_sequence(%s, 'id')", [table])
+    (current,) = cursor.fetchone()
+    if current and current.rsplit(".", 1)[-1].strip('"') != name:
+        cursor.execute(f"ALTER SEQUENCE {current} RENAME TO {name}")
