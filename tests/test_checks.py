@@ -369,7 +369,7 @@ from django.urls import path  # noqa: E402
 from django.views import View  # noqa: E402
 from rest_framework import mixins, viewsets  # noqa: E402
 
-from django_idempotency.checks.views import check_misplaced_protection  # noqa: E402
+from django_idempotency.checks.stacking import check_misplaced_protection  # noqa: E402
 
 
 @method_decorator(idempotent, name="dispatch")

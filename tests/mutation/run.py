@@ -1166,7 +1166,7 @@ MUTANTS: list[Mutant] = [
             "the days it creates ahead are today and later, never that day."
         ),
     ),
-    # drf.py, decorators.py, checks_views.py: protection where it cannot work is refused
+    # protocol/drf.py, protocol/decorators.py, checks/stacking.py: protection where it cannot work is refused
     m(
         "K1",
         "protocol/drf.py",
@@ -1242,7 +1242,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "K8",
-        "checks/views.py",
+        "checks/stacking.py",
         '        if not hasattr(getattr(view_class, name, None), "_idempotency_options"):\n'
         "            continue\n        drf =",
         "        continue\n        drf =",
@@ -1252,7 +1252,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "K9",
-        "checks/views.py",
+        "checks/stacking.py",
         "        if _idempotent_layers(getattr(view_class, name, None)) > 1:\n",
         "        if _idempotent_layers(getattr(view_class, name, None)) > 2:\n",
         tests=("tests/test_checks.py::test_e010_protection_that_cannot_work_as_stacked",),
@@ -1261,7 +1261,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "K10",
-        "checks/views.py",
+        "checks/stacking.py",
         "    for name, klass in shadowing(view_class):\n",
         "    for name, klass in []:\n",
         tests=("tests/test_checks.py::test_e010_protection_that_cannot_work_as_stacked",),
