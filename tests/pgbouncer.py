@@ -23,6 +23,13 @@ def pgbouncer_port() -> str | None:
     return os.environ.get("PGBOUNCER_PORT") or None
 
 
+#: Through PgBouncer's transaction pooling the backend a session saw at connect time is
+#: the pooler's, shared: terminating it does not kill this connection.
+NOT_POOLED = pytest.mark.skipif(
+    bool(pgbouncer_port()), reason="kills the server session: not through the pooler"
+)
+
+
 def database_url(alias: str = "default") -> str:
     """A URL of ``alias``'s test database, as the tests connect to it (pooler or not)."""
     settings = connections.settings[alias]

@@ -20,6 +20,7 @@ from django_idempotency.models import OutboxMessage, OutboxState
 from django_idempotency.outbox import relay
 from django_idempotency.testing import travel
 from tests.faults import admin_connection, terminate, wait_for
+from tests.pgbouncer import NOT_POOLED
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -214,6 +215,7 @@ def sent(ids: list[int]) -> bool:
 
 
 @pytest.mark.postgres
+@NOT_POOLED
 def test_the_watchdog_reconnects_when_its_connection_dies(settings, caplog):
     """The marks' writer loses its connection (its backend terminated, as in a server
     restart) between two groups: it connects again and writes the next group at its

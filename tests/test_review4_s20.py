@@ -20,7 +20,7 @@ from psycopg import sql as pgsql
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.transactions import savepoints
 from tests.faults import admin_connection, terminate
-from tests.pgbouncer import pgbouncer_port
+from tests.pgbouncer import NOT_POOLED
 from tests.test_review3_s20 import (  # noqa: F401  (the autouse fixtures)
     INSERT,
     _no_hooks,
@@ -250,11 +250,6 @@ def killed_between_release_and_next_statement() -> Any:
     return "no error"
 
 
-#: Through PgBouncer's transaction pooling the backend a session saw at connect time is
-#: the pooler's, shared: terminating it does not kill this connection.
-NOT_POOLED = pytest.mark.skipif(
-    bool(pgbouncer_port()), reason="kills the server session: not through the pooler"
-)
 
 
 @NOT_POOLED
