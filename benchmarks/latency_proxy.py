@@ -23,6 +23,10 @@ then apart from the benchmark's own and reported by ``cpu_seconds``)::
     with LatencyProxy(("127.0.0.1", 5432), delay=0.0005) as proxy:
         url = f"postgres://postgres@127.0.0.1:{proxy.port}/postgres"
 
+It counts the chunks it forwards towards the target (``sent()``): with a client that
+waits for each answer, such as a Django worker, one chunk is one round trip, so the
+count per request tells how many round trips a request took.
+
 The proxy adds its own cost (a thread hand-off per chunk, about 20-50 us on an idle
 core); with ``delay=0`` it measures just that, the yardstick to compare the delayed
 runs with.
@@ -45,13 +49,18 @@ from pathlib import Path
 from types import TracebackType
 
 CHUNK = 65536
+#: Chunks forwarded towards the target, by every connection of this process.
+_sent = [0]
+_sent_lock = threading.Lock()
 
 
 class _Pipe:
     """One direction of one connection: read from ``source``, write to ``sink`` later."""
 
-    def __init__(self, source: socket.socket, sink: socket.socket, delay: float) -> None:
-        self.source, self.sink, self.delay = source, sink, delay
+    def __init__(
+        self, source: socket.socket, sink: socket.socket, delay: float, *, upstream: bool
+    ) -> None:
+        self.source, self.sink, self.delay, self.upstream = source, sink, delay, upstream
         self.queue: collections.deque[tuple[float, bytes]] = collections.deque()
         self.ready = threading.Condition()
         self.closed = False
@@ -63,6 +72,9 @@ class _Pipe:
     def _read(self) -> None:
         try:
             while data := self.source.recv(CHUNK):
+                if self.upstream:
+                    with _sent_lock:
+                        _sent[0] += 1
                 with self.ready:
                     self.queue.append((time.monotonic() + self.delay, data))
                     self.ready.notify()
@@ -109,8 +121,8 @@ def serve(listen: tuple[str, int], target: tuple[str, int], delay: float) -> Non
         upstream = socket.create_connection(target)
         for sock in (client, upstream):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        _Pipe(client, upstream, delay).start()
-        _Pipe(upstream, client, delay).start()
+        _Pipe(client, upstream, delay, upstream=True).start()
+        _Pipe(upstream, client, delay, upstream=False).start()
 
 
 class LatencyProxy:
@@ -139,6 +151,12 @@ class LatencyProxy:
         assert self._process.stdout is not None
         self.port = int(self._process.stdout.readline())
         return self
+
+    def sent(self) -> int:
+        """Chunks forwarded towards the target so far, by every connection (round trips)."""
+        assert self._process is not None and self._process.stdout is not None
+        self._process.send_signal(signal.SIGUSR1)
+        return int(self._process.stdout.readline())
 
     def cpu_seconds(self) -> float:
         """CPU the proxy process used so far (user + system; Linux ``/proc``)."""
@@ -184,6 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     listen = _address(args.listen) if ":" in args.listen else ("127.0.0.1", int(args.listen))
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    signal.signal(signal.SIGUSR1, lambda *_: print(_sent[0], flush=True))
     serve(listen, _address(args.target), args.delay_ms / 1000)
     return 0
 

@@ -23,6 +23,11 @@ and prints a Markdown table of messages per second (median, min and max of the r
   script starts in a process of its own and that answers after ``--http-delay``
   seconds (default 0.02): an I/O-bound handler, for ``--threads``.
 
+``--mark-delays 0 0.005`` compares ``OUTBOX_MARK_DELAY`` values: ``0`` writes each mark
+before the next handler starts (one commit per message), the default groups them.
+``--db-latency-ms 0.5`` puts the relays' connections behind ``latency_proxy.py`` (a
+1 ms round trip to PostgreSQL). The combinations are interleaved within each repeat.
+
 SQLite works too (for comparison; leave DATABASE_URL unset to use a temporary file),
 in one process only.
 """
@@ -30,6 +35,7 @@ in one process only.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -44,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import django
 import environ
@@ -134,9 +141,22 @@ def fill(messages: int) -> None:
             cursor.execute("VACUUM ANALYZE django_idempotency_outbox")
 
 
-def drain(batch_size: int, threads: int, max_seconds: float) -> int:
-    """One relay until nothing is due (or ``max_seconds``); returns messages handled."""
+def drain(
+    batch_size: int, threads: int, max_seconds: float, mark_delay: float | None = None
+) -> int:
+    """One relay until nothing is due (or ``max_seconds``); returns messages handled.
+
+    ``mark_delay``: ``OUTBOX_MARK_DELAY`` for this run (``None``: the setting's default;
+    ``0``: each mark written before the next handler starts, one commit per message).
+    """
+    from django.test.utils import override_settings
+
     from django_idempotency.outbox import relay
+
+    if mark_delay is not None:
+        marks = {**settings.IDEMPOTENCY, "OUTBOX_MARK_DELAY": mark_delay}
+        with override_settings(IDEMPOTENCY=marks):
+            return drain(batch_size, threads, max_seconds)
 
     delivered = 0
     started = time.perf_counter()
@@ -149,15 +169,22 @@ def drain(batch_size: int, threads: int, max_seconds: float) -> int:
     return delivered
 
 
-def run_here(batch_size: int, threads: int, messages: int, max_seconds: float) -> float:
+def run_here(
+    batch_size: int, threads: int, messages: int, max_seconds: float, mark_delay: float | None
+) -> float:
     fill(messages)
     started = time.perf_counter()
-    delivered = drain(batch_size, threads, max_seconds)
+    delivered = drain(batch_size, threads, max_seconds, mark_delay)
     return delivered / (time.perf_counter() - started)
 
 
 def run_processes(
-    args: argparse.Namespace, batch_size: int, threads: int, processes: int, port: int | None
+    args: argparse.Namespace,
+    batch_size: int,
+    threads: int,
+    processes: int,
+    port: int | None,
+    mark_delay: float | None,
 ) -> tuple[float, int]:
     """Start ``processes`` relays at once; returns (messages/s, violations)."""
     from django_idempotency.models import OutboxMessage, OutboxState
@@ -168,6 +195,8 @@ def run_processes(
                "--max-seconds", str(args.max_seconds)]  # fmt: skip
     if port is not None:
         command += ["--port", str(port)]
+    if mark_delay is not None:
+        command += ["--mark-delays", str(mark_delay)]
     children = [
         subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         for _ in range(processes)
@@ -202,7 +231,8 @@ def child(args: argparse.Namespace) -> None:
     connection.ensure_connection()
     print("ready", flush=True)
     sys.stdin.readline()
-    print(drain(args.batch_sizes[0], args.threads[0], args.max_seconds), flush=True)
+    delay = args.mark_delays[0] if args.mark_delays else None
+    print(drain(args.batch_sizes[0], args.threads[0], args.max_seconds, delay), flush=True)
 
 
 def main() -> None:
@@ -224,12 +254,55 @@ def main() -> None:
         default=60.0,
         help="stop a run after this long and report what was delivered",
     )
+    parser.add_argument(
+        "--mark-delays",
+        type=float,
+        nargs="+",
+        default=None,
+        help="OUTBOX_MARK_DELAY values to compare (0: one commit per message)",
+    )
+    parser.add_argument(
+        "--db-latency-ms",
+        type=float,
+        default=None,
+        help="the relays' database connections behind benchmarks/latency_proxy.py, this "
+        "many ms each way (0.5: a 1 ms round trip)",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args)
         return
+    with contextlib.ExitStack() as stack:
+        if args.db_latency_ms is not None:
+            behind_proxy(stack, args.db_latency_ms)
+        compare(args)
+
+
+def behind_proxy(stack: contextlib.ExitStack, delay_ms: float) -> None:
+    """Point ``DATABASE_URL`` (this process's and its children's) through a latency proxy."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    from latency_proxy import LatencyProxy, round_trip
+
+    url = os.environ.get("DATABASE_URL", "")
+    parts = urlsplit(url)
+    if not parts.scheme.startswith("postgres"):
+        raise SystemExit("--db-latency-ms needs DATABASE_URL=postgres://...")
+    target = (parts.hostname or "127.0.0.1", parts.port or 5432)
+    proxy = stack.enter_context(LatencyProxy(target, delay=delay_ms / 1000))
+    netloc = f"{parts.username}@127.0.0.1:{proxy.port}"
+    os.environ["DATABASE_URL"] = urlunsplit(parts._replace(netloc=netloc))
+    print(
+        f"database behind the latency proxy: SELECT 1 round trip "
+        f"{round_trip(os.environ['DATABASE_URL']) * 1000:.2f} ms "
+        f"(direct {round_trip(url) * 1000:.2f} ms)"
+    )
+
+
+def compare(args: argparse.Namespace) -> None:
+    """Every combination, ``--repeat`` times, the combinations interleaved in each."""
     configure()
 
     from django.core.management import call_command
@@ -264,28 +337,35 @@ def main() -> None:
         f"{os.cpu_count()} CPUs, load average before {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}\n"
     )
     processes = args.processes or [None]
-    print("| batch size | threads | relays | messages/s (median) | min | max | dup |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    combinations = list(
+        itertools.product(args.batch_sizes, args.threads, processes, args.mark_delays or [None])
+    )
+    rates: dict[tuple[Any, ...], list[float]] = {c: [] for c in combinations}
+    violations = dict.fromkeys(combinations, 0)
     try:
-        for batch_size, threads, count in itertools.product(
-            args.batch_sizes, args.threads, processes
-        ):
-            rates = []
-            violations = 0
-            for _ in range(args.repeat):
+        for _ in range(args.repeat):
+            for combination in combinations:
+                batch_size, threads, count, delay = combination
                 if count is None:
-                    rates.append(run_here(batch_size, threads, args.messages, args.max_seconds))
+                    rate = run_here(batch_size, threads, args.messages, args.max_seconds, delay)
                 else:
-                    rate, wrong = run_processes(args, batch_size, threads, count, port)
-                    rates.append(rate)
-                    violations += wrong
-            rates.sort()
-            median = statistics.median(rates)
+                    rate, wrong = run_processes(args, batch_size, threads, count, port, delay)
+                    violations[combination] += wrong
+                rates[combination].append(rate)
+        print(
+            "| batch size | threads | relays | mark delay | messages/s (median) | min | max "
+            "| dup |"
+        )
+        print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for combination in combinations:
+            batch_size, threads, count, delay = combination
+            runs = sorted(rates[combination])
             relays = "1 (in process)" if count is None else str(count)
-            dup = "-" if count is None else str(violations)
+            dup = "-" if count is None else str(violations[combination])
+            shown = "default" if delay is None else f"{delay:g} s"
             print(
-                f"| {batch_size} | {threads} | {relays} | {median:,.0f} | {rates[0]:,.0f} "
-                f"| {rates[-1]:,.0f} | {dup} |"
+                f"| {batch_size} | {threads} | {relays} | {shown} "
+                f"| {statistics.median(runs):,.0f} | {runs[0]:,.0f} | {runs[-1]:,.0f} | {dup} |"
             )
     finally:
         if server is not None:

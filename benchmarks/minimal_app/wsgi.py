@@ -8,3 +8,8 @@ from django.core.wsgi import get_wsgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "minimal_app.settings")
 application = get_wsgi_application()
+
+if os.environ.get("BENCH_WITHOUT"):  # benchmarks/mechanisms.py: one mechanism off
+    from minimal_app.without import apply
+
+    apply(os.environ["BENCH_WITHOUT"])
