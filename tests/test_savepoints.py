@@ -211,7 +211,8 @@ def _savepoint_user(request: Any) -> str:
 @idempotent(principal=_savepoint_user)
 def release_then_insert(request: HttpRequest) -> JsonResponse:
     """Its last statement begins like Django's release and goes on with an INSERT."""
-    sid = transaction.savepoint()  # Django's statement: a savepoint the wrapper tracks
+    # Django's statement: a savepoint the wrapper tracks (``savepoint_create`` from 6.1)
+    sid = getattr(transaction, "savepoint_create", transaction.savepoint)()
     with connection.cursor() as cursor:
         cursor.execute(
             f'RELEASE SAVEPOINT "{sid}"; '
