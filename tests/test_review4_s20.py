@@ -250,8 +250,6 @@ def killed_between_release_and_next_statement() -> Any:
     return "no error"
 
 
-
-
 @NOT_POOLED
 def test_a_connection_killed_while_a_release_is_held():
     outcome = run(killed_between_release_and_next_statement, app=False)
