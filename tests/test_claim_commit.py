@@ -237,32 +237,3 @@ def test_a_deferred_constraint_refused_by_the_committing_completion_is_the_views
     assert any("django_idempotency_complete(" in sql for sql in statements)
     assert committed_elsewhere("SELECT count(*) FROM testapp_widget") == 0
     assert committed_elsewhere("SELECT count(*) FROM django_idempotency_record") == 0
-
-
-def test_the_claims_column_names_are_the_ones_postgresql_returns(record_table):
-    """The store reads claim rows by position (no description built per request)."""
-    from django_idempotency.store.sql import (
-        PG_CLAIM_COLUMNS,
-        PG_CLAIM_SQL,
-        PG_PARTITIONED_CLAIM_COLUMNS,
-        PG_PARTITIONED_CLAIM_SQL,
-    )
-
-    sc = scope()
-    params = store_rows.pg_params(
-        sc,
-        fingerprint=FP,
-        token=uuid.uuid4(),
-        lease=30.0,
-        retention=60.0,
-        take=False,
-        test=False,
-        async_commit=False,
-    )
-    partitioned = record_table == "partitioned"
-    sql = PG_PARTITIONED_CLAIM_SQL if partitioned else PG_CLAIM_SQL
-    expected = PG_PARTITIONED_CLAIM_COLUMNS if partitioned else PG_CLAIM_COLUMNS
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        assert tuple(col.name for col in cursor.description) == expected
-        transaction.set_rollback(True)

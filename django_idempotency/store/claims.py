@@ -49,10 +49,8 @@ from django_idempotency.store.rows import (
     utc_or_none,
 )
 from django_idempotency.store.sql import (
-    PG_CLAIM_COLUMNS,
     PG_CLAIM_SQL,
     PG_FORGET_SQL,
-    PG_PARTITIONED_CLAIM_COLUMNS,
     PG_PARTITIONED_CLAIM_SQL,
     PG_RESTAMP_SQL,
     PG_TAKEOVER_SQL,
@@ -185,14 +183,12 @@ def _insert(
         )
         # A day-partitioned table (docs/retention.md) has no unique index to conflict
         # with: a server-side function locks the scope, looks it up, then inserts.
-        if is_partitioned(connection):
-            sql, columns = PG_PARTITIONED_CLAIM_SQL, PG_PARTITIONED_CLAIM_COLUMNS
-        else:
-            sql, columns = PG_CLAIM_SQL, PG_CLAIM_COLUMNS
+        sql = PG_PARTITIONED_CLAIM_SQL if is_partitioned(connection) else PG_CLAIM_SQL
         try:
             with claim_transaction(connection), connection.cursor() as cursor:
                 cursor.execute(sql, params)
                 row = cursor.fetchone()
+                columns = [column.name for column in cursor.description or ()]
         except IntegrityError as exc:
             if sqlstate_of(exc) == _NO_PARTITION:
                 # Today's partition was attached by a concurrent claim after this

@@ -110,13 +110,6 @@ WHERE principal = %(principal)s AND endpoint = %(endpoint)s AND key = %(key)s
   AND NOT EXISTS (SELECT 1 FROM claimed) AND NOT EXISTS (SELECT 1 FROM taken)
 """
 
-#: The columns of ``PG_CLAIM_SQL``, in order (read without building a description).
-PG_CLAIM_COLUMNS = (
-    "won", "id", "owner_token", "state", "fingerprint", "recovery_point", "lease_remaining",
-    "expired", "response_status", "response_headers", "response_body", "waited", "owner_pid",
-    "present", "by_presence",
-)  # fmt: skip
-
 #: Read one record with its lease and expiry judged by the database's clock.
 PG_FETCH_SQL = f"""
 SELECT false AS won, id, owner_token, state, fingerprint, recovery_point,
@@ -257,10 +250,3 @@ FROM django_idempotency_claim(
 
 #: The SQLSTATE ``django_idempotency_complete`` raises when fenced off (its own class).
 FENCED_SQLSTATE = "DIF01"
-
-#: The columns of ``PG_PARTITIONED_CLAIM_SQL``, in order.
-PG_PARTITIONED_CLAIM_COLUMNS = (
-    "won", "id", "owner_token", "state", "fingerprint", "recovery_point", "lease_remaining",
-    "expired", "response_status", "response_headers", "response_body", "owner_pid", "present",
-    "by_presence", "sweep_after",
-)  # fmt: skip
