@@ -26,7 +26,7 @@ POOLED_TESTS ?= tests/test_pgbouncer.py tests/test_topology.py tests/test_relay_
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-pgbouncer stress mutation storm lint docs install clean
+.PHONY: demo test test-pgbouncer stress mutation storm lint docs package install clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,11 @@ storm: $(STAMP)
 stress: $(STAMP)
 	@case "$$DATABASE_URL" in postgres*) ;; *) echo "make stress needs PostgreSQL: DATABASE_URL=postgres://... make stress"; exit 2;; esac
 	$(BIN)/python -m pytest --stress --stress-scale $(STRESS_SCALE) tests/test_concurrency.py
+
+# The sdist and wheel in dist/, checked, and the wheel installed in a fresh venv under
+# the example project's checks and demo (.ci/package.sh).
+package:
+	PYTHON=$(PYTHON) .ci/package.sh
 
 mutation: $(STAMP)
 	$(BIN)/python tests/mutation/run.py
