@@ -591,14 +591,29 @@ def test_http_client_putheader_twice_is_400(http_server, live_token) -> None:
 
 
 @pytest.mark.parametrize(
-    "value", [b"\xff\xfe", b"caf\xc3\xa9", b'"caf\xc3\xa9"', b"a\x00b", b"\x7f", b"a\tb"]
+    ("value", "named"),
+    [
+        (b"\xff\xfe", "the byte 0xFF, which is not UTF-8"),
+        (b"caf\xc3\xa9", "the character 'é' (UTF-8 bytes C3 A9)"),
+        (b'"caf\xc3\xa9"', "the character 'é' (UTF-8 bytes C3 A9)"),
+        (b"k\xe2\x82\xac", "the character '€' (UTF-8 bytes E2 82 AC)"),
+        (b"a\x00b", "the control character '\\x00'"),
+        (b"\x7f", "the control character '\\x7f'"),
+        (b"a\tb", "the control character '\\t'"),
+    ],
 )
-def test_non_ascii_key_bytes_over_http_are_400(http_server, live_token, value) -> None:
+def test_non_ascii_key_bytes_over_http_are_400_naming_what_was_sent(
+    http_server, live_token, value, named
+) -> None:
+    """The detail names the offending character as the client wrote it (its UTF-8
+    bytes read back from the ISO-8859-1 the server decoded them as), never mojibake."""
     status, body = http_request(
         http_server, [*live_lines(live_token), b"Idempotency-Key: " + value]
     )
     assert status == 400, body
-    assert json.loads(body)["type"].endswith("#invalid-key")
+    problem = json.loads(body)
+    assert problem["type"].endswith("#invalid-key")
+    assert named in problem["detail"], problem["detail"]
     assert IdempotencyRecord.objects.count() == 0 and Widget.objects.count() == 0
 
 

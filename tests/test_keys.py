@@ -36,8 +36,10 @@ def test_absent_header_is_none():
         ('""', "empty"),
         ("x" * 256, "256 characters long; the limit is 255"),
         ("caf\u00e9", "printable ASCII"),
-        ('"caf\u00e9"', "printable ASCII; it contains the character 'é'"),
-        ('"a\tb"', r"printable ASCII; it contains the character '\\t'"),
+        # Header values arrive decoded as ISO-8859-1: one byte 0xE9, or UTF-8's C3 A9.
+        ('"caf\u00e9"', "printable ASCII; it contains the byte 0xE9, which is not UTF-8"),
+        ('"caf\u00c3\u00a9"', r"it contains the character 'é' \(UTF-8 bytes C3 A9\)"),
+        ('"a\tb"', r"printable ASCII; it contains the control character '\\t'"),
         ("tab\there", "printable ASCII"),
         ("a,b", "more than once"),
         ('"a", "b"', "Structured Field String .*: it holds several values"),

@@ -5,6 +5,7 @@ Each check is documented in ``docs/checks.md`` with its fix.
 
 from __future__ import annotations
 
+import difflib
 import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -17,6 +18,14 @@ from django_idempotency.conf import DEFAULTS, conf
 from django_idempotency.protocol.responses import FORBIDDEN_HEADERS
 from django_idempotency.store import stricter_than_read_committed
 from django_idempotency.store.routing import outbox_database, record_database
+
+
+def _nearest_setting(name: object) -> str:
+    """A hint for an unknown setting: the closest known name, else where they are listed."""
+    close = difflib.get_close_matches(str(name).upper(), DEFAULTS, n=1, cutoff=0.6)
+    if close:
+        return f"Did you mean {close[0]}? (docs/configuration.md lists every setting.)"
+    return "docs/configuration.md lists every setting."
 
 
 @register()
@@ -34,12 +43,11 @@ def check_settings(
             )
         ]
     errors: list[CheckMessage] = []
-    unknown = sorted(set(raw) - set(DEFAULTS))
-    if unknown:
+    for name in sorted(set(raw) - set(DEFAULTS), key=str):
         errors.append(
             Error(
-                f"Unknown IDEMPOTENCY setting(s): {', '.join(unknown)}.",
-                hint=f"Known settings: {', '.join(sorted(DEFAULTS))}.",
+                f"Unknown IDEMPOTENCY setting: {name!r}.",
+                hint=_nearest_setting(name),
                 id="django_idempotency.E001",
             )
         )

@@ -33,11 +33,35 @@ HEADER = "Idempotency-Key"
 
 
 def _check_chars(value: str) -> None:
-    for char in value:
+    for index, char in enumerate(value):
         if not 0x20 <= ord(char) <= 0x7E:
             raise InvalidKey(
-                f"The Idempotency-Key must be printable ASCII; it contains the character {char!r}."
+                "The Idempotency-Key must be printable ASCII; it contains "
+                f"{_as_sent(value, index)}."
             )
+
+
+def _as_sent(value: str, index: int) -> str:
+    """The character at ``value[index]`` as the client sent it, for a message.
+
+    WSGI and ASGI servers hand header values over decoded as ISO-8859-1 (PEP 3333), so
+    a client's UTF-8 ``é`` arrives as ``Ã©``. The bytes are recovered and, where they
+    start a UTF-8 sequence, the character is named as the client wrote it, with its
+    bytes; a byte that starts none is named as a byte.
+    """
+    try:
+        raw = value[index : index + 4].encode("latin-1")
+    except UnicodeEncodeError:  # not from a header's bytes: the character itself
+        return f"the character {value[index]!r}"
+    if raw[0] < 0x80:
+        return f"the control character {value[index]!r}"
+    for length in range(2, len(raw) + 1):
+        try:
+            char = raw[:length].decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        return f"the character {char!r} (UTF-8 bytes {raw[:length].hex(' ').upper()})"
+    return f"the byte 0x{raw[0]:02X}, which is not UTF-8"
 
 
 def _string_fault(value: str) -> str:
