@@ -272,7 +272,7 @@ class IdempotencySettings:
     def partition_records(self) -> bool:
         """Whether the initial migration partitions the record table by day on PostgreSQL.
 
-        Read when ``migrate`` applies 0003, not at run time: the store detects the
+        Read when ``migrate`` applies the initial migration, not at run time: the store detects the
         table's kind on each database connection. See docs/retention.md to switch.
         """
         return bool(self.get("PARTITION_RECORDS"))

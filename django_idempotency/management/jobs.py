@@ -13,7 +13,7 @@ What counts as an outage (:data:`UNAVAILABLE`): ``OperationalError`` (connection
 refused or lost, the server shutting down or starting up, a backend terminated, a
 timeout) and ``InterfaceError`` (a connection the driver already closed). Other
 database errors (a missing table, a syntax error) are bugs or deployment mistakes and
-propagate as before.
+propagate.
 """
 
 from __future__ import annotations

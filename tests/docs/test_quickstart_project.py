@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 #: "`orders/views.py`:" (or "Add to the end of `shop/settings.py`:") then a Python block.
 BLOCK = re.compile(
