@@ -2,7 +2,9 @@
 #   make demo   set everything up, run leasebroker and a scripted client over real HTTP
 #   make test   set everything up, run the test suite (SQLite; DATABASE_URL for PostgreSQL)
 # Also: make stress (the concurrency tests, many rounds, PostgreSQL), make mutation
-# (does the suite notice when a condition of the protocol is removed? docs/contributing/mutation.md).
+# (does the suite notice when a condition of the protocol is removed?
+# docs/contributing/mutation.md), make package (the sdist and wheel, built, checked and
+# installed alone under the example project).
 # Variables: PYTHON (interpreter for the venv), VENV (its folder), DJANGO_SPEC / DRF_SPEC
 # (pin Django / DRF, e.g. "Django>=4.2,<5.0"), DATABASE_URL (the suite's and the demo's
 # database), STRESS_SCALE (make stress: fraction of its rounds, e.g. 0.3 in CI),
