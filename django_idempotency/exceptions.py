@@ -18,6 +18,8 @@ error                    raised when
 :class:`CrossDatabaseWrite` a write to another database than the record's (refused)
 :class:`PhaseError`      a phase used out of order, twice, nested or undeclared
 :class:`NotInTransaction` ``outbox.enqueue()`` outside ``transaction.atomic()``
+:class:`SignatureRefused` a signed sender's request whose signature is missing, malformed
+                         or wrong (HTTP: 403 ``invalid-signature``)
 ======================== ================================================================
 
 :class:`OuterTransactionWarning` is a warning, not an error: a claim made inside a
@@ -41,6 +43,7 @@ __all__ = [
     "NotInTransaction",
     "OuterTransactionWarning",
     "PhaseError",
+    "SignatureRefused",
     "UnstorableResult",
 ]
 
@@ -54,6 +57,16 @@ class InvalidKey(IdempotencyError, ValueError):
 
     ``str(exc)`` is the client-facing detail of the 400 ``invalid-key`` problem
     (docs/problems.md); it never quotes the key.
+    """
+
+
+class SignatureRefused(IdempotencyError, ValueError):
+    """A request to a signed sender's view whose signature is refused (before the claim).
+
+    Raised by the principal resolver :func:`~django_idempotency.principals.signed_principal`
+    returns, when the signature header is missing, malformed or does not match the body;
+    the view answers 403 ``invalid-signature`` (docs/problems.md) and nothing is claimed
+    or run. ``str(exc)`` is the client-facing detail; it never quotes the signature.
     """
 
 

@@ -17,7 +17,9 @@ constant time. A header that is not exactly the expected form is a refusal, neve
 error: absent, another prefix (``sha1=`` where ``sha256=`` is expected), anything but
 hexadecimal digits after it (white space inside, characters outside ASCII), or a
 digest of the wrong length. Surrounding white space is not part of a field value
-(RFC 9110 §5.5); hexadecimal digits may be of either case (RFC 4648 §8).
+(RFC 9110 §5.5); hexadecimal digits may be of either case (RFC 4648 §8). A refused
+delivery answers 403 ``invalid-signature`` with what was wrong: the header missing,
+malformed, or its digest not that of the body.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import logging
 import re
 from collections.abc import Callable
 from typing import Any
+
+from django_idempotency.exceptions import SignatureRefused
 
 
 def user_principal(request: Any) -> str | None:
@@ -66,26 +70,44 @@ def signed_principal(name: str, verify: Callable[[Any], bool]) -> Callable[[Any]
 
     A webhook sender (Stripe, GitHub, a partner's relay) does not log in; it signs
     each delivery with a secret it shares with you. The resolver this returns gives
-    ``name`` to a request whose signature ``verify`` accepts, and ``None`` (refused
-    with 401/403, before the claim, the view never runs) to every other request, so
-    unauthenticated requests never share the sender's key space: nobody else can
-    claim, replay or block its event ids. Every other view keeps its own resolver;
-    nothing opens anonymous scoping to everyone.
+    ``name`` to a request whose signature ``verify`` accepts, and refuses every other
+    request with :class:`~django_idempotency.exceptions.SignatureRefused`, which the
+    view answers 403 ``invalid-signature`` before the claim (the view never runs). So
+    unsigned requests never share the sender's key space: nobody else can claim,
+    replay or block its event ids. Every other view keeps its own resolver; nothing
+    opens anonymous scoping to everyone.
 
     Args:
         name: the principal, one per sender (``"webhook:stripe"``); 1 to 255 characters.
         verify: ``callable(request) -> bool``, true when the request's signature is
-            valid (``hmac_signature`` below, or the sender's
-            SDK). Exceptions it raises propagate.
+            valid (``hmac_signature`` below, or the sender's SDK). A verifier with a
+            ``refusal(request) -> str | None`` method (``hmac_signature``'s) also says
+            why a request is refused, and the 403 says it too. Exceptions it raises
+            propagate.
 
     Raises:
         ValueError: ``name`` is empty.
     """
     if not name:
         raise ValueError("signed_principal() needs a non-empty principal name")
+    refusal: Callable[[Any], str | None] | None = getattr(verify, "refusal", None)
 
-    def resolve(request: Any) -> str | None:
-        return name if verify(request) else None
+    def resolve(request: Any) -> str:
+        """``name`` for a request ``verify`` accepts.
+
+        Raises:
+            SignatureRefused: the signature is missing, malformed or does not match.
+        """
+        if refusal is not None:
+            reason = refusal(request)
+        else:
+            reason = None if verify(request) else "it is missing or does not match the body"
+        if reason is None:
+            return name
+        raise SignatureRefused(
+            f"The request's signature is refused: {reason}. Nothing was claimed or run; "
+            "sign the raw body with the shared secret and send it again."
+        )
 
     resolve.__qualname__ = f"signed_principal({name!r})"
     return resolve
@@ -155,7 +177,10 @@ def hmac_signature(
     Returns:
         ``callable(request) -> bool``: true when the header is the prefix followed by
         exactly the hexadecimal HMAC of the raw body under ``secret``; false for every
-        other request, whatever its header holds (it never raises for a header).
+        other request, whatever its header holds (it never raises for a header). Its
+        ``refusal(request)`` method says why a request is refused (``None`` when it is
+        not): the header missing, malformed, or its digest not the body's;
+        :func:`signed_principal` puts that in the 403.
 
     Raises:
         ValueError: ``secret`` is given as a value and empty, or ``digest`` is not a
@@ -164,29 +189,56 @@ def hmac_signature(
     """
     caller = f"hmac_signature({header!r})"
     fixed = None if callable(secret) else _fixed_secret(secret, caller)
-    hex_digest = re.compile(f"[0-9a-fA-F]{{{2 * _digest_size(digest, caller)}}}", re.ASCII)
+    size = _digest_size(digest, caller)
+    return _HmacVerifier(caller, secret, fixed, header, prefix, digest, size)
 
-    def verify(request: Any) -> bool:
-        key = fixed if fixed is not None else _secret_bytes(secret())  # type: ignore[operator]
+
+class _HmacVerifier:
+    """What :func:`hmac_signature` returns: a verifier that can also say why it refuses."""
+
+    def __init__(
+        self,
+        caller: str,
+        secret: Secret,
+        fixed: bytes | None,
+        header: str,
+        prefix: str,
+        digest: str,
+        size: int,
+    ) -> None:
+        self.caller, self.secret, self.fixed = caller, secret, fixed
+        self.header, self.prefix, self.digest = header, prefix, digest
+        self.hex_digest = re.compile(f"[0-9a-fA-F]{{{2 * size}}}", re.ASCII)
+        self.expected_form = f"{prefix!r} and {2 * size} hexadecimal digits"
+        if not prefix:
+            self.expected_form = f"{2 * size} hexadecimal digits"
+
+    def __call__(self, request: Any) -> bool:
+        return self.refusal(request) is None
+
+    def refusal(self, request: Any) -> str | None:
+        """Why ``request``'s signature is refused, for the client; ``None`` if it is valid.
+
+        Never quotes the header's value; never raises for what the header holds.
+        """
+        key = self.fixed if self.fixed is not None else _secret_bytes(self.secret())  # type: ignore[operator]
         if not key:
             logger.error(
                 "%s: the secret callable returned no secret: every delivery is refused",
-                caller,
+                self.caller,
             )
-            return False
-        sent = getattr(request, "_request", request).headers.get(header)
+            return "the receiver could not check it"
+        sent = getattr(request, "_request", request).headers.get(self.header)
         if not isinstance(sent, str):
-            return False
+            return f"the {self.header} header is missing"
         sent = sent.strip(" \t")
-        if not sent.startswith(prefix):
-            return False
-        hex_value = sent[len(prefix) :]
-        if not hex_digest.fullmatch(hex_value):
-            return False
-        expected = hmac.new(key, raw_body(request), digest).digest()
-        return hmac.compare_digest(expected, bytes.fromhex(hex_value))
-
-    return verify
+        hex_value = sent[len(self.prefix) :]
+        if not sent.startswith(self.prefix) or not self.hex_digest.fullmatch(hex_value):
+            return f"the {self.header} header is malformed (expected {self.expected_form})"
+        expected = hmac.new(key, raw_body(request), self.digest).digest()
+        if not hmac.compare_digest(expected, bytes.fromhex(hex_value)):
+            return f"the {self.header} digest does not match the body"
+        return None
 
 
 def sign(

@@ -61,6 +61,9 @@ def test_the_same_event_id_with_another_payload_is_422():
     assert deliver("/hooks/stripe", EVENT).status_code == 201
     changed = deliver("/hooks/stripe", {**EVENT, "data": {"amount": 9999}})
     assert changed.status_code == 422 and slug(changed) == "key-reused"
+    # The key came from the body, not from a header: the problem names no header.
+    assert changed.json()["title"] == "Idempotency key reused with a different request"
+    assert "Idempotency-Key" not in changed.json()["detail"]
     assert Widget.objects.get().size == 1200
 
 
@@ -194,21 +197,46 @@ def test_an_optional_extracted_key_that_is_absent_runs_unprotected():
     assert response.status_code == 201 and IdempotencyRecord.objects.count() == 0
 
 
-@pytest.mark.parametrize("secret", ["wrong-secret", ""])
-def test_an_unsigned_or_badly_signed_delivery_is_refused_before_the_claim(secret):
+@pytest.mark.parametrize(
+    ("secret", "reason"),
+    [
+        ("wrong-secret", "the X-Test-Signature digest does not match the body"),
+        ("", "the X-Test-Signature header is missing"),
+    ],
+)
+def test_an_unsigned_or_badly_signed_delivery_is_refused_before_the_claim(secret, reason):
+    """403 ``invalid-signature`` before anything is claimed, its detail saying what was
+    wrong with the signature (never an authentication problem: senders do not log in)."""
     if secret:
         response = deliver("/hooks/stripe", EVENT, secret=secret)
     else:
         response = Client().post("/hooks/stripe", json.dumps(EVENT),
                                  content_type="application/json")  # fmt: skip
-    assert response.status_code == 403 and slug(response) == "no-principal"
+    assert response.status_code == 403 and slug(response) == "invalid-signature"
+    assert response.json()["title"] == "Request signature refused"
+    assert reason in response.json()["detail"]
     assert Widget.objects.count() == 0 and IdempotencyRecord.objects.count() == 0
+
+
+def test_a_verifier_of_the_senders_own_is_refused_with_the_general_reason():
+    """A bare ``callable(request) -> bool`` (a sender's SDK) gives no reason of its own:
+    its refusal says the signature is missing or does not match; its acceptance runs."""
+    body = json.dumps(EVENT)
+    refused = Client().post("/hooks/sdk", body, content_type="application/json",
+                            HTTP_X_SDK_SIGNATURE="forged")  # fmt: skip
+    assert refused.status_code == 403 and slug(refused) == "invalid-signature"
+    assert "it is missing or does not match the body" in refused.json()["detail"]
+    accepted = Client().post("/hooks/sdk", body, content_type="application/json",
+                             HTTP_X_SDK_SIGNATURE="valid")  # fmt: skip
+    assert accepted.status_code == 201
+    assert IdempotencyRecord.objects.get().principal == "webhook:sdk"
 
 
 def test_a_forged_delivery_cannot_read_the_senders_stored_response():
     assert deliver("/hooks/stripe", EVENT).status_code == 201
     forged = deliver("/hooks/stripe", EVENT, secret="guess")
     assert forged.status_code == 403 and b"widget" not in forged.content
+    assert slug(forged) == "invalid-signature"
 
 
 def test_a_signature_over_another_body_is_refused():
@@ -216,7 +244,8 @@ def test_a_signature_over_another_body_is_refused():
     response = Client().post("/hooks/stripe", body.replace(b"1200", b"1300"),
                              content_type="application/json",
                              HTTP_X_TEST_SIGNATURE=sign(SECRET, body))  # fmt: skip
-    assert response.status_code == 403
+    assert response.status_code == 403 and slug(response) == "invalid-signature"
+    assert "digest does not match the body" in response.json()["detail"]
 
 
 @pytest.mark.postgres
@@ -283,11 +312,14 @@ def signed_with(value: str, path: str = "/hooks/stripe") -> Any:
     ],
 )
 def test_a_malformed_signature_is_refused_never_an_error(value: str):
-    """Every signature header that is not exactly ``sha256=<64 hex digits>`` of the
-    body is a 403 ``no-principal`` before anything is claimed: never a 500, whatever
-    characters it holds."""
+    """Every signature header that is not exactly ``sha256=<64 hex digits>`` is a 403
+    ``invalid-signature`` saying it is malformed and what is expected, before anything
+    is claimed: never a 500, whatever characters it holds, and never quoted back."""
     response = signed_with(value)
-    assert response.status_code == 403 and slug(response) == "no-principal"
+    assert response.status_code == 403 and slug(response) == "invalid-signature"
+    detail = response.json()["detail"]
+    assert "the X-Test-Signature header is malformed (expected 'sha256=' and 64 " in detail
+    assert DIGEST[:16] not in detail and "é" not in detail  # the header is never quoted
     assert Widget.objects.count() == 0 and IdempotencyRecord.objects.count() == 0
 
 
@@ -324,7 +356,8 @@ def test_a_secret_setting_left_empty_refuses_every_delivery_and_says_so(
     empty_key = "sha256=" + hmac.new(b"", BODY, hashlib.sha256).hexdigest()
     with caplog.at_level(logging.ERROR, logger="django_idempotency"):
         response = signed_with(empty_key, "/hooks/rotated")
-    assert response.status_code == 403 and slug(response) == "no-principal"
+    assert response.status_code == 403 and slug(response) == "invalid-signature"
+    assert "the receiver could not check it" in response.json()["detail"]
     assert Widget.objects.count() == 0
     assert any(
         "X-Test-Signature" in r.getMessage() and "no secret" in r.getMessage()

@@ -44,6 +44,7 @@ NAMES: dict[str, tuple[str, ...]] = {
         "NotInTransaction",
         "OuterTransactionWarning",
         "PhaseError",
+        "SignatureRefused",
         "UnstorableResult",
     ),
     "django_idempotency.conf": ("DEFAULTS", "conf"),
@@ -154,8 +155,8 @@ CHECK_IDS = frozenset(
 #: Problem type slugs (docs/problems.md): clients branch on them.
 PROBLEM_SLUGS = frozenset(
     {
-        "body-too-large", "invalid-key", "key-reused", "lease-lost", "missing-key",
-        "no-principal", "request-in-flight", "response-too-large-to-replay",
+        "body-too-large", "invalid-key", "invalid-signature", "key-reused", "lease-lost",
+        "missing-key", "no-principal", "request-in-flight", "response-too-large-to-replay",
         "store-unavailable", "unreadable-body",
     }
 )  # fmt: skip

@@ -81,6 +81,20 @@ def rotated_receiver(request: Any) -> JsonResponse:
     return _stripe_event(request)
 
 
+def sdk_verify(request: Any) -> bool:
+    """A sender SDK's check: a bare ``callable(request) -> bool``, with no reasons."""
+    return request.headers.get("X-Sdk-Signature") == "valid"
+
+
+SDK = signed_principal("webhook:sdk", sdk_verify)
+
+
+@csrf_exempt
+@idempotent(key=body_field("id"), principal=SDK)
+def sdk_receiver(request: Any) -> JsonResponse:
+    return _stripe_event(request)
+
+
 def no_key(request: Any) -> str | None:
     return None
 
@@ -110,4 +124,5 @@ urlpatterns = [
     path("hooks/dotted", dotted_receiver),
     path("hooks/slow", slow_receiver),
     path("hooks/rotated", rotated_receiver),
+    path("hooks/sdk", sdk_receiver),
 ]

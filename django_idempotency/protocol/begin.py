@@ -21,7 +21,7 @@ from django.http.request import RawPostDataException
 
 from django_idempotency import store, transactions
 from django_idempotency.conf import conf
-from django_idempotency.exceptions import InvalidKey
+from django_idempotency.exceptions import InvalidKey, SignatureRefused
 from django_idempotency.protocol import fingerprint, keys, problems
 from django_idempotency.protocol.context import running
 from django_idempotency.protocol.decide import decide, key_name
@@ -202,7 +202,10 @@ def begin(
     key = _key(request, http, options)
     if not isinstance(key, str):
         return key
-    principal = options.get_principal()(request)
+    try:
+        principal = options.get_principal()(request)
+    except SignatureRefused as refused:  # a signed sender's resolver (principals.py)
+        return problem(problems.INVALID_SIGNATURE, str(refused))
     if not principal:
         return _no_principal(request, options)
     scope = store.Scope(fit(str(principal)), endpoint_for(http, options, view_name), key)

@@ -107,7 +107,7 @@ def decide(
         if result.fingerprint != fp:
             signals.mismatched.send(scope.endpoint, **signal_kwargs)
             return problem(
-                problems.KEY_REUSED,
+                problems.KEY_REUSED if options.key is None else problems.KEY_REUSED_EXTRACTED,
                 f"This {key_name(options)} was already used for a different request "
                 "(method, path, query or body differ). Use a new key for a new operation.",
             )

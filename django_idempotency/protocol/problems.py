@@ -42,7 +42,13 @@ NO_PRINCIPAL = ProblemType("no-principal", 401, "Authentication required for ide
 NO_PRINCIPAL_FORBIDDEN = ProblemType(
     "no-principal", 403, "Authentication required for idempotent requests"
 )
+#: A signed sender's request whose signature is missing, malformed or wrong (docs/inbox.md).
+INVALID_SIGNATURE = ProblemType("invalid-signature", 403, "Request signature refused")
 KEY_REUSED = ProblemType("key-reused", 422, "Idempotency-Key reused with a different request")
+#: The same problem for a key taken from elsewhere in the request: a title with no header.
+KEY_REUSED_EXTRACTED = ProblemType(
+    "key-reused", 422, "Idempotency key reused with a different request"
+)
 IN_FLIGHT = ProblemType(
     "request-in-flight", 409, "A request with this Idempotency-Key is in progress"
 )
@@ -58,6 +64,7 @@ ALL = (
     UNREADABLE_BODY,
     BODY_TOO_LARGE,
     NO_PRINCIPAL,
+    INVALID_SIGNATURE,
     KEY_REUSED,
     IN_FLIGHT,
     LEASE_LOST,

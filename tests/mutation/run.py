@@ -1591,8 +1591,8 @@ MUTANTS: list[Mutant] = [
     m(
         "W2",
         "principals.py",
-        "        if not sent.startswith(prefix):\n            return False\n",
-        "",
+        "if not sent.startswith(self.prefix) or not self.hex_digest",
+        "if not self.hex_digest",
         tests=(f"{RECEIVERS}::test_a_malformed_signature_is_refused_never_an_error",),
         what="the prefix unchecked: `sha512=<sha256 digest>` accepted",
     ),
@@ -1607,8 +1607,8 @@ MUTANTS: list[Mutant] = [
     m(
         "W4",
         "principals.py",
-        "        if not hex_digest.fullmatch(hex_value):\n            return False\n",
-        "",
+        " or not self.hex_digest.fullmatch(hex_value):",
+        ":",
         tests=(f"{RECEIVERS}::test_a_malformed_signature_is_refused_never_an_error",),
         what="the header's form unchecked: a non-ASCII or odd-length digest is a 500",
     ),
