@@ -44,7 +44,7 @@ test: $(STAMP)
 
 test-pgbouncer: $(STAMP)
 	@case "$$DATABASE_URL" in postgres*) ;; *) echo "make test-pgbouncer needs PostgreSQL: DATABASE_URL=postgres://... make test-pgbouncer"; exit 2;; esac
-	.ci/pgbouncer.sh run $(BIN)/python -m pytest -p tests.pgbouncer $(POOLED_TESTS) $(PYTEST_ARGS)
+	.ci/pgbouncer.sh run $(BIN)/python -m pytest -p tests.support.pgbouncer $(POOLED_TESTS) $(PYTEST_ARGS)
 
 storm: $(STAMP)
 	$(BIN)/python example_project/storm.py

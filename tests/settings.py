@@ -16,7 +16,7 @@ DEBUG = False
 USE_TZ = True
 TIME_ZONE = "UTC"
 ALLOWED_HOSTS = ["*"]
-ROOT_URLCONF = "tests.urls"
+ROOT_URLCONF = "tests.support.urls"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 DATABASES = {"default": env.db("DATABASE_URL", default="sqlite:///:memory:")}
@@ -59,7 +59,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "django_idempotency",
-    "tests.testapp",
+    "tests.support.testapp",
 ]
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",

@@ -20,7 +20,7 @@ from django.urls import path
 
 from django_idempotency import idempotent
 from django_idempotency.models import IdempotencyRecord, RecordState
-from tests.testapp.models import Widget
+from tests.support.testapp.models import Widget
 
 pytestmark = [pytest.mark.urls(__name__), pytest.mark.django_db(transaction=True)]
 

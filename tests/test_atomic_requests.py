@@ -9,10 +9,10 @@ from django.core import checks
 from django.db import connection
 
 from django_idempotency import exceptions, transactions
-from tests.concurrency import Runner, token_client
-from tests.factories import TokenFactory
-from tests.testapp.gates import HOOKS
-from tests.testapp.models import Widget
+from tests.support.concurrency import Runner, token_client
+from tests.support.factories import TokenFactory
+from tests.support.testapp.gates import HOOKS
+from tests.support.testapp.models import Widget
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -50,7 +50,7 @@ def test_claim_is_visible_to_others_while_the_view_runs(atomic_requests, token, 
 
 
 def test_views_are_exempted_and_keyless_paths_stay_atomic(atomic_requests, token):
-    from tests.testapp import views
+    from tests.support.testapp import views
 
     assert "default" in views.slow._non_atomic_requests  # @idempotent above @api_view
     assert "default" in views.plain_view._non_atomic_requests
@@ -64,7 +64,7 @@ def test_views_are_exempted_and_keyless_paths_stay_atomic(atomic_requests, token
 
 
 def test_mixin_view_is_exempted(atomic_requests):
-    from tests.testapp.views import WidgetViewSet
+    from tests.support.testapp.views import WidgetViewSet
 
     view = WidgetViewSet.as_view({"post": "create"})
     assert "default" in view._non_atomic_requests
@@ -76,10 +76,12 @@ def test_w001_for_decorated_class_view_methods(atomic_requests):
     flagged = {m.obj.rsplit(".", 1)[1] for m in messages}  # dotted paths, as written
     # An APIView with a decorated method, and @idempotent below @api_view: flagged.
     assert {"RebootView", "create_widget", "outcome"} <= flagged
-    assert "tests.testapp.views.create_widget" in {m.obj for m in messages}
+    assert "tests.support.testapp.views.create_widget" in {m.obj for m in messages}
     assert not any("WrappedAPIView" in str(m) for m in messages)
     (function,) = [m for m in messages if m.obj.endswith(".create_widget")]
-    assert function.msg.startswith("The @api_view function tests.testapp.views.create_widget")
+    assert function.msg.startswith(
+        "The @api_view function tests.support.testapp.views.create_widget"
+    )
     # @idempotent above @api_view, the mixin, and plain function views: exempt.
     assert not flagged & {"slow", "WidgetViewSet", "plain_view"}
     assert "IdempotentMixin" in messages[0].hint

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import threading
 import uuid
 from collections.abc import Iterator
@@ -15,16 +14,7 @@ from django.db import connections, transaction
 
 from django_idempotency import outbox, tasks
 from django_idempotency.models import OutboxMessage, OutboxState
-
-REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
-
-
-def redis_unreachable() -> str | None:
-    try:
-        socket.create_connection((REDIS_HOST, REDIS_PORT), timeout=2).close()
-    except OSError as exc:
-        return f"Redis at {REDIS_HOST}:{REDIS_PORT} is unreachable ({exc})"
-    return None
+from tests.support.redis import REDIS_HOST, REDIS_PORT, redis_unreachable
 
 
 @pytest.fixture

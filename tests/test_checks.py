@@ -176,7 +176,9 @@ def test_w005_atomic_above_idempotent_in_the_urlconf():
     # @api_view above @transaction.atomic above @idempotent, and a plain function view.
     assert flagged == {"atomic_above", "atomic_above_plain"}
     assert all("below @idempotent" in m.hint for m in messages)
-    assert any(m.msg.startswith("tests.testapp.views.atomic_above is idempotent") for m in messages)
+    assert any(
+        m.msg.startswith("tests.support.testapp.views.atomic_above is idempotent") for m in messages
+    )
 
 
 def _view(request):
@@ -306,7 +308,10 @@ def test_check_runs_without_a_root_urlconf():
 
 @pytest.mark.parametrize(
     "urlconf",
-    ["tests.no_such_urls_module", "tests.testapp.gates"],  # missing; imports, no urlpatterns
+    [
+        "tests.no_such_urls_module",
+        "tests.support.testapp.gates",
+    ],  # missing; imports, no urlpatterns
 )
 def test_w009_an_unreadable_urlconf_is_reported_once_and_the_other_checks_run(urlconf):
     """A URLconf that fails to import (or has no ``urlpatterns``): every check of the app

@@ -27,10 +27,10 @@ from django_idempotency.models import IdempotencyRecord
 from django_idempotency.store import claims as store_claims
 from django_idempotency.store import isolation as store_isolation
 from django_idempotency.store import rows as store_rows
-from tests.concurrency import token_client
-from tests.factories import TokenFactory
-from tests.faults import admin_connection
-from tests.testapp.models import Widget
+from tests.support.concurrency import token_client
+from tests.support.factories import TokenFactory
+from tests.support.faults import admin_connection
+from tests.support.testapp.models import Widget
 
 pytestmark = pytest.mark.postgres
 

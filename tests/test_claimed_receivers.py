@@ -19,10 +19,10 @@ from django.db import connection
 
 from django_idempotency import inbox, signals
 from django_idempotency.models import IdempotencyRecord
-from tests.concurrency import token_client
-from tests.factories import TokenFactory
-from tests.testapp.gates import HOOKS
-from tests.testapp.models import Widget
+from tests.support.concurrency import token_client
+from tests.support.factories import TokenFactory
+from tests.support.testapp.gates import HOOKS
+from tests.support.testapp.models import Widget
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -56,7 +56,7 @@ def _advisory_locks_of_this_session() -> int:
     """Advisory locks held by this test's session, as another session sees them."""
     if connection.vendor != "postgresql":
         return 0
-    from tests.faults import admin_connection
+    from tests.support.faults import admin_connection
 
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid()")

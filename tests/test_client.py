@@ -45,10 +45,10 @@ from django_idempotency.client import (
     retry_after_seconds,
     verdict,
 )
-from tests.test_example_project import EXAMPLE, run_in_example, sqlite_url
+from tests.support.example_project import EXAMPLE, run_in_example, sqlite_url
+from tests.support.scripted_transport import NO_JITTER, Script, make_client
 
 PROBLEM_BASE = "https://django-idempotency.readthedocs.io/en/stable/problems/#"
-NO_JITTER = Backoff(initial=0.1, maximum=5.0, random=lambda: 0.5)
 
 
 @pytest.fixture(autouse=True)
@@ -71,38 +71,6 @@ def created(replayed: bool = False) -> httpx.Response:
     if replayed:
         headers["Idempotent-Replayed"] = "true"
     return httpx.Response(201, headers=headers, json={"id": "wkr-1"})
-
-
-class Script:
-    """A MockTransport handler answering from a list; records every request it saw."""
-
-    def __init__(self, *answers: httpx.Response | Exception) -> None:
-        self.answers = list(answers)
-        self.requests: list[httpx.Request] = []
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        self.requests.append(request)
-        answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
-
-    @property
-    def keys(self) -> list[str | None]:
-        return [r.headers.get("Idempotency-Key") for r in self.requests]
-
-
-def make_client(
-    script: Script, events: list[AttemptEvent] | None = None, **kwargs: Any
-) -> IdempotentClient:
-    kwargs.setdefault("backoff", NO_JITTER)
-    return IdempotentClient(
-        "http://api.test",
-        headers={"Authorization": "Token t"},
-        transport=httpx.MockTransport(script),
-        on_attempt=None if events is None else events.append,
-        **kwargs,
-    )
 
 
 # -- what is retried, with which key ---------------------------------------------------

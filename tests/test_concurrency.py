@@ -21,10 +21,10 @@ from django.db import transaction
 
 from django_idempotency import store, testing
 from django_idempotency.models import IdempotencyRecord, RecordState
-from tests.concurrency import Runner, token_client
-from tests.factories import TokenFactory
-from tests.testapp.gates import GATES, HOOKS, Gate
-from tests.testapp.models import Widget
+from tests.support.concurrency import Runner, token_client
+from tests.support.factories import TokenFactory
+from tests.support.testapp.gates import GATES, HOOKS, Gate
+from tests.support.testapp.models import Widget
 
 pytestmark = pytest.mark.django_db(transaction=True)
 pg_only = pytest.mark.postgres

@@ -37,8 +37,8 @@ from django_idempotency.models import IdempotencyRecord, OutboxMessage, OutboxSt
 from django_idempotency.protocol.decorators import idempotent
 from django_idempotency.store.routing import all_databases
 from django_idempotency.transactions.write_guard import writes
-from tests.concurrency import Runner
-from tests.testapp.models import Widget
+from tests.support.concurrency import Runner
+from tests.support.testapp.models import Widget
 
 pytestmark = [
     pytest.mark.django_db(transaction=True, databases=["default", "shard"]),

@@ -26,9 +26,9 @@ from django.test import override_settings
 
 from django_idempotency import testing
 from django_idempotency.models import IdempotencyRecord, RecordState
-from tests.concurrency import Runner, token_client
-from tests.factories import TokenFactory
-from tests.faults import (
+from tests.support.concurrency import Runner, token_client
+from tests.support.factories import TokenFactory
+from tests.support.faults import (
     RouteTo,
     admin_connection,
     extra_alias,
@@ -36,12 +36,15 @@ from tests.faults import (
     unreachable,
     wait_for,
 )
-from tests.testapp.gates import HOOKS
-from tests.testapp.models import Widget
+from tests.support.testapp.gates import HOOKS
+from tests.support.testapp.models import Widget
 
 __all__ = ["extra_alias"]  # a fixture
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.urls("tests.robustness_app")]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.urls("tests.support.robustness_app"),
+]
 postgres = pytest.mark.postgres
 
 
@@ -259,7 +262,7 @@ def test_the_views_own_query_failing_is_its_500_and_releases(token):
 def test_phased_view_connection_killed_at_the_completion(token, die_at_commit):
     """Every phase committed, then the completion's COMMIT dies: 503, and the retry
     resumes after the last phase (nothing repeated) or replays."""
-    from tests.testapp.views import HYPERVISOR
+    from tests.support.testapp.views import HYPERVISOR
 
     HYPERVISOR.reset()
     key = str(uuid.uuid4())

@@ -12,8 +12,8 @@ from rest_framework.views import APIView
 from django_idempotency import idempotent
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.principals import auth_token_principal, user_principal
-from tests.factories import UserFactory
-from tests.testapp.models import Widget
+from tests.support.factories import UserFactory
+from tests.support.testapp.models import Widget
 
 
 def test_unknown_option_is_a_type_error():

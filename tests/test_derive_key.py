@@ -78,7 +78,7 @@ def test_any_input_changes_the_key(a, b):
 @pytest.mark.django_db
 def test_request_idempotency_derive_key_uses_the_record_scope(api, alice, key):
     api.post("/provision", {"cpus": 2}, format="json", HTTP_IDEMPOTENCY_KEY=key)
-    from tests.testapp.models import Widget
+    from tests.support.testapp.models import Widget
 
     expected = derive_key(f"auth.user:{alice.user.pk}", "POST /provision", key, "worker")
     assert Widget.objects.filter(name=expected).count() == 1

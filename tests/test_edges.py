@@ -23,8 +23,8 @@ from django_idempotency.models import IdempotencyRecord, OutboxMessage
 from django_idempotency.retention import partitions, sweeper
 from django_idempotency.store import clock
 from django_idempotency.store.schema import tables
-from tests.concurrency import Runner, token_client
-from tests.testapp.gates import GATES, Gate
+from tests.support.concurrency import Runner, token_client
+from tests.support.testapp.gates import GATES, Gate
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -16,7 +16,7 @@ import sys
 import threading
 from pathlib import Path
 
-from tests.test_example_project import EXAMPLE, run_in_example, sqlite_url
+from tests.support.example_project import EXAMPLE, run_in_example, sqlite_url
 
 PROVISION = """
 import uuid

@@ -19,8 +19,8 @@ from django.views.decorators.http import require_POST
 from django_idempotency import idempotent
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.protocol.fingerprint import canonical_json, compute
-from tests.factories import UserFactory
-from tests.testapp.models import Widget
+from tests.support.factories import UserFactory
+from tests.support.testapp.models import Widget
 
 rf = RequestFactory()
 

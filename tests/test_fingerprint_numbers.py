@@ -296,7 +296,7 @@ def test_decimal_view_does_not_replay_a_different_amount():
 
 def session_client() -> Client:
     """Session authentication with CSRF enforced: DRF parses the body before the claim."""
-    from tests.factories import UserFactory
+    from tests.support.factories import UserFactory
 
     client = Client(enforce_csrf_checks=True)
     client.force_login(UserFactory())

@@ -18,9 +18,9 @@ import pytest
 
 from django_idempotency import signals
 from django_idempotency.models import IdempotencyRecord
-from tests.concurrency import Runner, token_client
-from tests.factories import TokenFactory
-from tests.faults import admin_connection, terminate, wait_for
+from tests.support.concurrency import Runner, token_client
+from tests.support.factories import TokenFactory
+from tests.support.faults import admin_connection, terminate, wait_for
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 

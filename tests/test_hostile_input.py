@@ -10,7 +10,7 @@ The properties, checked with hypothesis over the header, the body and the conten
   the same request again is a byte-exact replay.
 
 Each example scopes its records to a principal of its own (the ``X-Tenant`` resolver
-of ``tests.robustness_app``), so examples never see each other's keys.
+of ``tests.support.robustness_app``), so examples never see each other's keys.
 """
 
 from __future__ import annotations
@@ -30,14 +30,14 @@ from hypothesis import strategies as st
 
 from django_idempotency.models import IdempotencyRecord, RecordState
 from django_idempotency.protocol import problems
-from tests.conftest import client_for
-from tests.factories import TokenFactory
-from tests.testapp.models import Widget
+from tests.support.clients import client_for
+from tests.support.factories import TokenFactory
+from tests.support.testapp.models import Widget
 
-pytestmark = pytest.mark.urls("tests.robustness_app")
+pytestmark = pytest.mark.urls("tests.support.robustness_app")
 
 TENANT = override_settings(
-    IDEMPOTENCY={"PRINCIPAL_RESOLVER": "tests.robustness_app.tenant_principal"}
+    IDEMPOTENCY={"PRINCIPAL_RESOLVER": "tests.support.robustness_app.tenant_principal"}
 )
 PROBLEM = "application/problem+json"
 SLUGS = {p.slug for p in problems.ALL}
@@ -401,7 +401,7 @@ def test_numbers_and_bytes_json_cannot_hold_are_4xx_and_released(api: Any, body:
 def test_body_over_data_upload_max_memory_size_is_413(ct: str, body: bytes) -> None:
     client, tenant = tenant_client()
     with override_settings(
-        IDEMPOTENCY={"PRINCIPAL_RESOLVER": "tests.robustness_app.tenant_principal"}
+        IDEMPOTENCY={"PRINCIPAL_RESOLVER": "tests.support.robustness_app.tenant_principal"}
     ):
         response = send_raw(client, "big", key="k1", body=body, ct=ct)
         assert_problem(response, 413, "body-too-large")
@@ -612,7 +612,7 @@ def test_one_key_header_over_http_runs_once_then_replays(http_server, live_token
 
 @pytest.mark.parametrize("method", [b"post", b"PROPFIND", b"PATCH"])
 def test_odd_methods_over_http(http_server, live_token, method) -> None:
-    from tests.factories import UserFactory
+    from tests.support.factories import UserFactory
 
     UserFactory(username="live")
     lines = [
@@ -622,7 +622,7 @@ def test_odd_methods_over_http(http_server, live_token, method) -> None:
         b"Idempotency-Key: k",
     ]
     with override_settings(
-        IDEMPOTENCY={"PRINCIPAL_RESOLVER": "tests.robustness_app.tenant_principal"}
+        IDEMPOTENCY={"PRINCIPAL_RESOLVER": "tests.support.robustness_app.tenant_principal"}
     ):
         first = http_request(http_server, lines, b"x")
         again = http_request(http_server, lines, b"x")
@@ -641,7 +641,7 @@ def test_response_over_max_response_bytes_is_sent_once_and_never_run_again(strea
     client, tenant = tenant_client()
     url = f"/r/sized?n=5000&stream={stream}"
     settings_ = {
-        "PRINCIPAL_RESOLVER": "tests.robustness_app.tenant_principal",
+        "PRINCIPAL_RESOLVER": "tests.support.robustness_app.tenant_principal",
         "MAX_RESPONSE_BYTES": 4096,
     }
     with override_settings(IDEMPOTENCY=settings_):
@@ -667,7 +667,7 @@ def test_response_at_the_limit_is_replayed() -> None:
     client, _ = tenant_client()
     with override_settings(
         IDEMPOTENCY={
-            "PRINCIPAL_RESOLVER": "tests.robustness_app.tenant_principal",
+            "PRINCIPAL_RESOLVER": "tests.support.robustness_app.tenant_principal",
             "MAX_RESPONSE_BYTES": 4096,
         }
     ):

@@ -21,7 +21,7 @@ from django_idempotency import exceptions, inbox, outbox, retention, signals, st
 from django_idempotency.exceptions import InvalidKey
 from django_idempotency.models import IdempotencyRecord, OutboxMessage, RecordState
 from django_idempotency.protocol import context
-from tests.testapp.models import Widget
+from tests.support.testapp.models import Widget
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

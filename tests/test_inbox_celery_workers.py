@@ -1,7 +1,7 @@
 """Idempotent Celery tasks on real workers and a real broker (Redis, 127.0.0.1:6379).
 
-The workers are processes of their own (``celery -A tests.inbox_worker worker``,
-tests/inbox_worker.py) with ``acks_late`` tasks. A worker killed with SIGKILL mid-task
+The workers are processes of their own (``celery -A tests.support.inbox_worker worker``,
+tests/support/inbox_worker.py) with ``acks_late`` tasks. A worker killed with SIGKILL mid-task
 leaves its message unacknowledged and its claim uncommitted work: the broker delivers
 the task again to the next worker, which finds the key in flight, retries after the
 lease, takes the claim over and runs the body; its writes happen once. A duplicate
@@ -25,9 +25,9 @@ from typing import Any
 import pytest
 
 from django_idempotency.models import IdempotencyRecord, RecordState
-from tests.pgbouncer import database_url, pgbouncer_port
-from tests.test_celery_relay import REDIS_HOST, REDIS_PORT, redis_unreachable
-from tests.testapp.models import Widget
+from tests.support.pgbouncer import database_url, pgbouncer_port
+from tests.support.redis import REDIS_HOST, REDIS_PORT, redis_unreachable
+from tests.support.testapp.models import Widget
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -44,7 +44,7 @@ class Worker:
         self.ready = threading.Event()
         self.started: dict[str, threading.Semaphore] = {}
         self._lock = threading.Lock()
-        command = [sys.executable, "-m", "celery", "-A", "tests.inbox_worker", "worker",
+        command = [sys.executable, "-m", "celery", "-A", "tests.support.inbox_worker", "worker",
                    "--pool", "solo", "-n", f"inbox-{uuid.uuid4().hex[:6]}@%h",
                    "--without-gossip", "--without-mingle", "--without-heartbeat",
                    "--loglevel", "INFO"]  # fmt: skip

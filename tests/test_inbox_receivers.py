@@ -18,10 +18,10 @@ from django.test import Client, RequestFactory
 from django_idempotency.conf import conf
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.principals import hmac_signature, sign
-from tests.testapp.models import Widget
-from tests.webhook_app import SECRET
+from tests.support.testapp.models import Widget
+from tests.support.webhook_app import SECRET
 
-pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.webhook_app")]
+pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.support.webhook_app")]
 
 
 def deliver(
@@ -98,7 +98,7 @@ def test_a_drf_redelivery_asking_for_an_unrenderable_type_gets_the_stored_respon
     import rest_framework
 
     from django_idempotency.protocol.drf import ReplayNegotiation
-    from tests import webhook_app
+    from tests.support import webhook_app
 
     if tuple(int(part) for part in rest_framework.VERSION.split(".")[:2]) < (3, 17):
         # Before 3.17, @idempotent below @api_view needs the documented setting

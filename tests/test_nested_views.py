@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 
 from django_idempotency.models import IdempotencyRecord, RecordState
-from tests.concurrency import Runner, token_client
-from tests.testapp.gates import HOOKS
-from tests.testapp.models import Widget
+from tests.support.concurrency import Runner, token_client
+from tests.support.testapp.gates import HOOKS
+from tests.support.testapp.models import Widget
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -140,7 +140,7 @@ def test_a_request_routed_while_the_view_runs_is_a_request_of_its_own(api, alice
     (here the test client called from inside the view, as an in-process client would)
     is not part of the view's execution: it is a duplicate, answered 409, and the view
     runs once."""
-    from tests.conftest import client_for
+    from tests.support.clients import client_for
 
     answers: list[int] = []
 

@@ -8,88 +8,13 @@ from django.test import override_settings
 from django.urls import path
 from drf_spectacular.generators import SchemaGenerator
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from drf_spectacular.validation import validate_schema
-from rest_framework import serializers, viewsets
-from rest_framework.decorators import action, api_view
+from rest_framework import serializers
+from rest_framework.decorators import api_view
 from rest_framework.response import Response
-from rest_framework.routers import SimpleRouter
 from rest_framework.views import APIView
 
 from django_idempotency import IdempotentMixin, idempotent
-from tests.testapp.models import Widget
-from tests.testapp.views import WidgetSerializer
-
-SCHEMA_SETTINGS = {
-    "DEFAULT_AUTHENTICATION_CLASSES": ["rest_framework.authentication.TokenAuthentication"],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_SCHEMA_CLASS": "django_idempotency.contrib.openapi.IdempotentAutoSchema",
-}
-PROBLEM = "application/problem+json"
-
-
-def generate(patterns=None, **settings):
-    with override_settings(REST_FRAMEWORK=SCHEMA_SETTINGS, **settings):
-        generated = SchemaGenerator(patterns=patterns).get_schema(request=None, public=True)
-    validate_schema(generated)
-    return generated
-
-
-def build_views():
-    """The views, built while the setting is in force: ``@api_view`` freezes the schema
-    class of its generated view when it runs, so import-time views would keep DRF's."""
-
-    @api_view(["POST"])
-    @idempotent
-    def below(request):
-        return Response(status=201)
-
-    @idempotent(lease=5)
-    @api_view(["POST"])
-    def above(request):
-        return Response(status=201)
-
-    @api_view(["POST"])
-    @idempotent(required=False, retention=7 * 86400)
-    def optional(request):
-        return Response(status=201)
-
-    class RebootView(APIView):
-        @idempotent
-        def post(self, request, pk):
-            return Response()
-
-    @api_view(["POST"])
-    @idempotent(key=lambda request: request.headers.get("X-GitHub-Delivery"))
-    def receiver(request):
-        return Response(status=202)
-
-    class WidgetViewSet(IdempotentMixin, viewsets.ModelViewSet):
-        queryset = Widget.objects.all()
-        serializer_class = WidgetSerializer
-        idempotent_actions = {"create": {"retention": 3600}, "resize": {}}
-
-        @action(detail=True, methods=["post"])
-        def resize(self, request, pk=None):
-            return Response()
-
-        @action(detail=True, methods=["post"])
-        def poke(self, request, pk=None):
-            return Response()
-
-        @idempotent(required=False)
-        def destroy(self, request, *args, **kwargs):
-            return Response(status=204)
-
-    router = SimpleRouter()
-    router.register("vs/widgets", WidgetViewSet)
-    return [
-        path("below", below),
-        path("above", above),
-        path("optional", optional),
-        path("widgets/<int:pk>/reboot", RebootView.as_view()),
-        path("hooks/github", receiver),
-        *router.urls,
-    ]
+from tests.support.openapi import PROBLEM, SCHEMA_SETTINGS, build_views, generate, header
 
 
 @pytest.fixture
@@ -97,12 +22,6 @@ def schema():
     with override_settings(REST_FRAMEWORK=SCHEMA_SETTINGS):
         patterns = build_views()
     return generate(patterns)
-
-
-def header(operation):
-    found = [p for p in operation.get("parameters", []) if p["name"] == "Idempotency-Key"]
-    assert len(found) <= 1
-    return found[0] if found else None
 
 
 def assert_protected(operation, *, required):

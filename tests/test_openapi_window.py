@@ -8,7 +8,7 @@ from django.test import override_settings
 pytest.importorskip("drf_spectacular")
 
 from django_idempotency.contrib.openapi import EXTENSION, duration
-from tests.test_openapi import SCHEMA_SETTINGS, build_views, generate, header
+from tests.support.openapi import SCHEMA_SETTINGS, build_views, generate, header
 
 
 @pytest.fixture

@@ -17,8 +17,8 @@ from django.utils import timezone
 from django_idempotency import derive_key, exceptions, outbox
 from django_idempotency.conf import conf
 from django_idempotency.models import IdempotencyRecord, OutboxMessage, OutboxState
-from tests.testapp.gates import HOOKS
-from tests.testapp.models import Widget
+from tests.support.testapp.gates import HOOKS
+from tests.support.testapp.models import Widget
 
 pytestmark = pytest.mark.django_db
 

@@ -25,8 +25,8 @@ from django_idempotency.store import clock
 from django_idempotency.store.catalog import forget, is_partitioned
 from django_idempotency.store.schema.functions import SWEEP_LOCK
 from django_idempotency.store.sql import PG_PARTITIONED_CLAIM_SQL
-from tests.concurrency import Runner
-from tests.factories import IdempotencyRecordFactory
+from tests.support.concurrency import Runner
+from tests.support.factories import IdempotencyRecordFactory
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 

@@ -5,7 +5,7 @@ different server sessions, and a server session goes from client to client. So t
 app keeps nothing in a session: no session advisory lock, no session ``SET``, no
 ``LISTEN``, no server-side cursor, no prepared statement. These tests check the
 statements the protocol, the relay and the sweeper send, and run on a direct
-connection as well as in the pooler pass (``-p tests.pgbouncer``, docs/testing.md),
+connection as well as in the pooler pass (``-p tests.support.pgbouncer``, docs/testing.md),
 where the rest of the protocol's, relay's and sweeper's modules run through it too.
 """
 
@@ -27,8 +27,8 @@ from django_idempotency.models import IdempotencyRecord
 from django_idempotency.outbox import relay
 from django_idempotency.retention import sweeper
 from django_idempotency.store.schema.functions import SWEEP_LOCK
-from tests.concurrency import Runner
-from tests.pgbouncer import pgbouncer_port
+from tests.support.concurrency import Runner
+from tests.support.pgbouncer import pgbouncer_port
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 

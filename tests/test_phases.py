@@ -1,4 +1,5 @@
-"""Atomic phases and recovery points (docs/phases.md): tests/testapp/views.py ``provision``."""
+"""Atomic phases and recovery points (docs/phases.md): ``provision`` in
+tests/support/testapp/views.py."""
 
 from __future__ import annotations
 
@@ -17,10 +18,10 @@ from django_idempotency.models import IdempotencyRecord, OutboxMessage, RecordSt
 from django_idempotency.protocol.context import IdempotencyContext
 from django_idempotency.protocol.options import Options
 from django_idempotency.testing import travel
-from tests.concurrency import Runner, token_client
-from tests.testapp.gates import HOOKS
-from tests.testapp.models import Widget
-from tests.testapp.views import HYPERVISOR, PHASE_SIZES
+from tests.support.concurrency import Runner, token_client
+from tests.support.testapp.gates import HOOKS
+from tests.support.testapp.models import Widget
+from tests.support.testapp.views import HYPERVISOR, PHASE_SIZES
 
 ENDPOINT = "POST /provision"
 

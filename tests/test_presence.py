@@ -2,7 +2,7 @@
 
 A claim made on a direct PostgreSQL connection holds a session-level advisory lock of
 its record until its completion or release. These tests prove, with an owner running in
-another process (tests/presence_owner.py) or thread and its own session:
+another process (tests/support/presence_owner.py) or thread and its own session:
 
 * an owner killed with SIGKILL is taken over at once, long before its lease ends;
 * an owner stopped with SIGSTOP (alive, holding its session) is never taken over;
@@ -33,11 +33,11 @@ from django.test import override_settings
 
 from django_idempotency import exceptions, metrics, signals, store
 from django_idempotency.store import presence
-from tests.concurrency import Runner, token_client
-from tests.factories import TokenFactory
-from tests.pgbouncer import database_url
-from tests.testapp.gates import HOOKS
-from tests.testapp.models import Widget
+from tests.support.concurrency import Runner, token_client
+from tests.support.factories import TokenFactory
+from tests.support.pgbouncer import database_url
+from tests.support.testapp.gates import HOOKS
+from tests.support.testapp.models import Widget
 
 pg_only = pytest.mark.skipif(
     os.environ.get("DATABASE_URL", "").split(":")[0] not in ("postgres", "postgresql"),
@@ -59,7 +59,7 @@ class Owner:
         env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
         env.update(DATABASE_URL=database_url(), IDEMPOTENCY_OWNER_PRESENCE=mode)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.presence_owner", scope.principal, scope.endpoint,
+            [sys.executable, "-m", "tests.support.presence_owner", scope.principal, scope.endpoint,
              scope.key, fingerprint, str(lease)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
         )  # fmt: skip
@@ -433,7 +433,7 @@ def _backend_pid() -> int:
 
 def _locks_of(pid: int) -> int:
     """Advisory locks the session ``pid`` holds, as another session sees them."""
-    from tests.faults import admin_connection
+    from tests.support.faults import admin_connection
 
     with admin_connection() as admin:
         row = admin.execute(

@@ -15,10 +15,10 @@ from django.utils import timezone
 from django_idempotency.client import problem_slug, verdict
 from django_idempotency.conf import conf
 from django_idempotency.models import IdempotencyRecord, RecordState
-from tests.test_client import Script, make_client
-from tests.testapp.models import Widget
+from tests.support.scripted_transport import Script, make_client
+from tests.support.testapp.models import Widget
 
-pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.replay_app")]
+pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.support.replay_app")]
 
 OWN_BASE = "https://api.example.com/problems/"
 

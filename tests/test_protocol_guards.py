@@ -27,10 +27,10 @@ from django_idempotency.outbox import relay
 from django_idempotency.store import claims as store_claims
 from django_idempotency.store import clock
 from django_idempotency.store.sql import PG_EXTEND_SQL
-from tests.concurrency import Runner, token_client
-from tests.factories import TokenFactory
-from tests.testapp.gates import HOOKS
-from tests.testapp.models import Widget
+from tests.support.concurrency import Runner, token_client
+from tests.support.factories import TokenFactory
+from tests.support.testapp.gates import HOOKS
+from tests.support.testapp.models import Widget
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -178,7 +178,7 @@ def _heartbeat_holding_the_row(owner: store.Claim, locked: threading.Event, go: 
 
 
 def _waiting_on_a_lock(statement: str) -> bool:
-    from tests.faults import admin_connection
+    from tests.support.faults import admin_connection
 
     with admin_connection() as admin:
         row = admin.execute(
@@ -200,7 +200,7 @@ def test_a_heartbeat_after_the_read_keeps_an_expired_record_from_being_forgotten
     if record_table == "partitioned":
         # The claim function reads and deletes in one statement: hold its delete on
         # the row lock of the owner's (uncommitted) heartbeat, then commit that.
-        from tests.faults import wait_for
+        from tests.support.faults import wait_for
 
         locked, go = threading.Event(), threading.Event()
         with testing.travel(120):

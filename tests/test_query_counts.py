@@ -35,7 +35,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
-from tests.conftest import client_for
+from tests.support.clients import client_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import connection, transaction
+from django.db import transaction
 from django.test import override_settings
 from django.utils import timezone
 
@@ -17,8 +17,8 @@ from django_idempotency import outbox, signals
 from django_idempotency.conf import conf
 from django_idempotency.models import OutboxMessage, OutboxState
 from django_idempotency.outbox import relay
-from django_idempotency.store import clock
 from django_idempotency.testing import travel
+from tests.support.clocks import db_now
 
 pytestmark = pytest.mark.django_db
 
@@ -51,17 +51,6 @@ def recorder() -> Iterator[Recorder]:
 def enqueue(n: int = 1, topic: str = "test.topic", **kwargs: Any) -> list[OutboxMessage]:
     with transaction.atomic():
         return [outbox.enqueue(topic, {"n": i}, **kwargs) for i in range(n)]
-
-
-def db_now() -> dt.datetime:
-    """The relay's clock: the database's (with the test offset) on PostgreSQL."""
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT statement_timestamp() + %s * interval '1 second'", [clock.offset()]
-            )
-            return cursor.fetchone()[0]
-    return clock.app_now()
 
 
 def test_delivers_due_messages_and_marks_them_sent(recorder):

@@ -17,7 +17,7 @@ from django_idempotency import outbox
 from django_idempotency.models import OutboxMessage, OutboxState
 from django_idempotency.outbox import relay
 from django_idempotency.testing import travel
-from tests.concurrency import Runner
+from tests.support.concurrency import Runner
 
 ROOT = Path(__file__).resolve().parent.parent
 

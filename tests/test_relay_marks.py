@@ -19,8 +19,8 @@ from django_idempotency import outbox, signals
 from django_idempotency.models import OutboxMessage, OutboxState
 from django_idempotency.outbox import relay
 from django_idempotency.testing import travel
-from tests.faults import admin_connection, terminate, wait_for
-from tests.pgbouncer import NOT_POOLED
+from tests.support.faults import admin_connection, terminate, wait_for
+from tests.support.pgbouncer import NOT_POOLED
 
 ROOT = Path(__file__).resolve().parent.parent
 

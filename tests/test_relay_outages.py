@@ -3,7 +3,7 @@ stopping"): an outage is logged once when it starts and once when it ends, retri
 backoff, and what was delivered before it is marked once the database is back.
 
 The command runs in a real process whose connection goes through a fault proxy
-(tests/faults.py): cutting it drops the connections and refuses new ones, as a server
+(tests/support/faults.py): cutting it drops the connections and refuses new ones, as a server
 restart does, without disturbing the real server that other tests share. The real
 restart is ``test_the_relay_command_rides_out_a_real_server_restart`` (opt-in:
 ``--pg-restart``).
@@ -28,30 +28,17 @@ from django.db import DatabaseError, connection, transaction
 from django_idempotency import tasks
 from django_idempotency.models import OutboxMessage
 from django_idempotency.outbox import relay
-from tests.faults import Proxy, extra_alias, terminate, unreachable, wait_for
-from tests.test_relay_stops import PENDING, SENT, child, enqueue, states
+from tests.support.faults import extra_alias, terminate, unreachable, wait_for
+from tests.support.outages import outage_lines, proxy
+from tests.support.relay_process import PENDING, SENT, child, enqueue, states
 
-__all__ = ["child", "extra_alias"]  # the fixtures, used here
+__all__ = ["child", "extra_alias", "proxy"]  # the fixtures, used here
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 
-@pytest.fixture
-def proxy() -> Iterator[Proxy]:
-    cut = Proxy()
-    yield cut
-    cut.cut()
-
-
 def delivered(lines: list[str]) -> list[int]:
     return [int(line.split()[1]) for line in lines if line.startswith("delivered")]
-
-
-def outage_lines(log: list[str]) -> tuple[list[str], list[str]]:
-    """The outage's first line (ERROR) and its last (INFO)."""
-    started = [line for line in log if "' unavailable (" in line]
-    ended = [line for line in log if "available again" in line]
-    return started, ended
 
 
 def test_the_relay_command_rides_out_a_database_outage(child, proxy, settings):

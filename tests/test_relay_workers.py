@@ -3,7 +3,7 @@
 Each worker is its own process with its own database connection (through PgBouncer in
 the pooler pass, docs/testing.md). The relay claims with ``FOR UPDATE SKIP LOCKED``
 under a lease, so every message is delivered, and none by two workers while its lease
-is live: the handler (tests/relay_worker.py) logs message id, dedup key and pid.
+is live: the handler (tests/support/relay_worker.py) logs message id, dedup key and pid.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from django.db import transaction
 
 from django_idempotency import outbox
 from django_idempotency.models import OutboxMessage, OutboxState
-from tests.pgbouncer import database_url
-from tests.test_celery_relay import REDIS_HOST, REDIS_PORT, redis_unreachable
+from tests.support.pgbouncer import database_url
+from tests.support.redis import REDIS_HOST, REDIS_PORT, redis_unreachable
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def worker_command(n: int) -> list[str]:
     name = f"relay{n}-{uuid.uuid4().hex[:6]}@%h"
     quiet = ["--without-gossip", "--without-mingle", "--without-heartbeat"]
-    return [sys.executable, "-m", "celery", "-A", "tests.relay_worker", "worker", "--pool",
+    return [sys.executable, "-m", "celery", "-A", "tests.support.relay_worker", "worker", "--pool",
             "solo", "-n", name, *quiet, "--loglevel", "INFO"]  # fmt: skip
 
 

@@ -11,10 +11,10 @@ from django.test import override_settings
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.protocol.responses import HeaderPolicy, build, is_forbidden
 from django_idempotency.store import StoredResponse
-from tests.replay_app import DESCRIBING, PER_EXCHANGE
-from tests.testapp.models import Widget
+from tests.support.replay_app import DESCRIBING, PER_EXCHANGE
+from tests.support.testapp.models import Widget
 
-pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.replay_app")]
+pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.support.replay_app")]
 
 
 def post(client, url, key, data=None, **extra):

@@ -10,9 +10,9 @@ import pytest
 from django.utils import timezone
 
 from django_idempotency.models import IdempotencyRecord, RecordState
-from tests.testapp.models import Widget
+from tests.support.testapp.models import Widget
 
-pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.replay_app")]
+pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.support.replay_app")]
 
 UNRENDERABLE = "application/xml"
 #: One protected view per way of protecting it.
@@ -38,7 +38,7 @@ def _documented_setup(way: str, monkeypatch: pytest.MonkeyPatch) -> None:
     import rest_framework
 
     from django_idempotency.protocol.drf import ReplayNegotiation
-    from tests import replay_app
+    from tests.support import replay_app
 
     version = tuple(int(part) for part in rest_framework.VERSION.split(".")[:2])
     if way == "below @api_view" and version < (3, 17):

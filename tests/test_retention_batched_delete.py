@@ -22,7 +22,7 @@ from django.test import override_settings
 
 from django_idempotency import retention, store, testing
 from django_idempotency.models import IdempotencyRecord
-from tests.faults import wait_for
+from tests.support.faults import wait_for
 
 DAY = 86400.0
 FP, OTHER_FP = "d" * 64, "e" * 64

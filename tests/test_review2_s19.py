@@ -14,11 +14,11 @@ from django.test.utils import CaptureQueriesContext
 
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.store import isolation as store_isolation
-from tests.concurrency import token_client
-from tests.factories import TokenFactory
-from tests.faults import admin_connection, terminate
-from tests.testapp.gates import HOOKS
-from tests.testapp.models import Widget
+from tests.support.concurrency import token_client
+from tests.support.factories import TokenFactory
+from tests.support.faults import admin_connection, terminate
+from tests.support.testapp.gates import HOOKS
+from tests.support.testapp.models import Widget
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 

@@ -3,7 +3,7 @@ real PostgreSQL, by a review. Each scenario runs twice: as the same code inside 
 ``transaction.atomic()`` (what the view does without the app), and inside it with the
 app's wrapper installed as ``execution._execute_atomic`` installs it
 (``savepoints.view_savepoints`` and ``drop()`` before the end); some also end to end,
-keyed, through ``/review3/scenario`` (tests/testapp/views.py::review3_scenario).
+keyed, through ``/savepoints/scenario`` (tests/support/testapp/views.py::savepoint_scenario).
 What the view sees, what commits and what is raised must be the same.
 
 The review attacked a version that also held the view's first ``SAVEPOINT`` and sent
@@ -13,9 +13,6 @@ docs/benchmarks.md), and these tests hold for the one kept."""
 from __future__ import annotations
 
 import contextlib
-import importlib.util
-import os
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -25,96 +22,22 @@ from django.db import DatabaseError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from django_idempotency.models import IdempotencyRecord
-from django_idempotency.transactions import savepoints
-from tests.concurrency import token_client
-from tests.factories import TokenFactory
-from tests.faults import admin_connection
-from tests.testapp.gates import HOOKS
-from tests.testapp.models import Widget
+from tests.support.faults import admin_connection
+from tests.support.savepoint_scenarios import (  # noqa: F401  (the autouse fixtures)
+    INSERT,
+    _no_hooks,
+    _wrapper_under_test,
+    committed,
+    new_savepoint,
+    post_keyed,
+    post_unkeyed_in_atomic,
+    recording,
+    run,
+    same,
+)
+from tests.support.testapp.models import Widget
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
-
-INSERT = "INSERT INTO testapp_widget (name, size) VALUES ('{}', 0)"
-#: ``transaction.savepoint_create`` (Django 6.1+, where ``savepoint()`` is deprecated), or
-#: ``transaction.savepoint`` before.
-new_savepoint = getattr(transaction, "savepoint_create", transaction.savepoint)
-
-
-@pytest.fixture(autouse=True)
-def _no_hooks() -> Any:
-    yield
-    HOOKS.clear()
-
-
-@pytest.fixture(autouse=True)
-def _parent(monkeypatch: pytest.MonkeyPatch) -> None:
-    """REVIEW3_PARENT=path/to/savepoints.py runs the tests against another version of
-    the wrapper (an earlier commit's), to tell which version a failure belongs to."""
-    path = os.environ.get("REVIEW3_PARENT")
-    if path:
-        spec = importlib.util.spec_from_file_location("parent_savepoints", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        monkeypatch.setattr(savepoints, "ViewSavepoints", module.ViewSavepoints)
-
-
-def committed() -> list[str]:
-    """The widgets another session sees."""
-    with admin_connection() as admin:
-        rows = admin.execute("SELECT name FROM testapp_widget").fetchall()
-    return sorted(name for (name,) in rows)
-
-
-def run(fn: Callable[[], Any], app: bool) -> tuple[str, Any, list[str]]:
-    """``fn`` inside one ``transaction.atomic()``, with the app's wrapper or not.
-
-    Returns ("ok", result) or ("raised", exception class name), and what committed
-    (then deleted, for the next run).
-    """
-    try:
-        with transaction.atomic():
-            if app:
-                with savepoints.view_savepoints("default") as wrapper:
-                    assert wrapper is not None
-                    result = fn()
-                    wrapper.drop()
-            else:
-                result = fn()
-        outcome: tuple[str, Any] = ("ok", result)
-    except Exception as exc:
-        outcome = ("raised", type(exc).__name__)
-    rows = committed()
-    Widget.objects.all().delete()
-    return (*outcome, rows)
-
-
-def same(fn: Callable[[], Any]) -> tuple[str, Any, list[str]]:
-    """Run ``fn`` without and with the wrapper; assert the same outcome."""
-    without = run(fn, app=False)
-    with_app = run(fn, app=True)
-    assert with_app == without
-    return without
-
-
-def post_keyed(scenario: Callable[[], Any]) -> Any:
-    HOOKS["scenario"] = scenario
-    token = TokenFactory(user__username=f"r3-{uuid.uuid4().hex[:8]}")
-    return token_client(token.key).post(
-        "/review3/scenario", {}, format="json", HTTP_IDEMPOTENCY_KEY=str(uuid.uuid4())
-    )
-
-
-def post_unkeyed_in_atomic(scenario: Callable[[], Any]) -> Any:
-    """The same view without a key, inside one ``transaction.atomic()`` (the baseline)."""
-
-    def inside() -> Any:
-        with transaction.atomic():
-            return scenario()
-
-    HOOKS["scenario"] = inside
-    token = TokenFactory(user__username=f"r3-{uuid.uuid4().hex[:8]}")
-    return token_client(token.key).post("/review3/scenario", {}, format="json")
-
 
 # --- What the review found ---------------------------------------------------------------
 
@@ -274,16 +197,6 @@ def block_copy_then_logged_release() -> Any:
 
 def test_a_block_held_before_a_copy_and_released_while_queries_are_logged():
     assert same(block_copy_then_logged_release) == ("ok", "done", ["copied"])
-
-
-def recording() -> tuple[list[str], Any]:
-    seen: list[str] = []
-
-    def record(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        seen.append(sql.split()[0])
-        return execute(sql, params, many, context)
-
-    return seen, record
 
 
 def user_wrapper_in_the_first_block() -> Any:

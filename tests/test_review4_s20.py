@@ -3,7 +3,7 @@ on real PostgreSQL, by a second review of the release-holding. Each scenario run
 tests/test_review3_s20.py's ``same()``: as plain code inside one
 ``transaction.atomic()``, and inside it with the app's wrapper installed as
 ``execution._execute_atomic`` installs it; some also end to end, keyed, through
-``/review3/scenario``. What the view sees, what commits and what is raised must be
+``/savepoints/scenario``. What the view sees, what commits and what is raised must be
 the same."""
 
 from __future__ import annotations
@@ -19,12 +19,12 @@ from psycopg import sql as pgsql
 
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.transactions import savepoints
-from tests.faults import admin_connection, terminate
-from tests.pgbouncer import NOT_POOLED
-from tests.test_review3_s20 import (  # noqa: F401  (the autouse fixtures)
+from tests.support.faults import admin_connection, terminate
+from tests.support.pgbouncer import NOT_POOLED
+from tests.support.savepoint_scenarios import (  # noqa: F401  (the autouse fixtures)
     INSERT,
     _no_hooks,
-    _parent,
+    _wrapper_under_test,
     committed,
     new_savepoint,
     post_keyed,
@@ -33,7 +33,7 @@ from tests.test_review3_s20 import (  # noqa: F401  (the autouse fixtures)
     run,
     same,
 )
-from tests.testapp.models import Widget
+from tests.support.testapp.models import Widget
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -248,8 +248,6 @@ def killed_between_release_and_next_statement() -> Any:
     except Exception as exc:
         return type(exc).__name__
     return "no error"
-
-
 
 
 @NOT_POOLED
@@ -487,8 +485,8 @@ def test_set_autocommit_refused_inside_the_view():
 
 def test_an_async_view_with_blocks_end_to_end(settings):
     """``/async`` with a key: what it stores matches what it answers."""
-    token_mod = __import__("tests.factories", fromlist=["TokenFactory"])
-    from tests.concurrency import token_client
+    token_mod = __import__("tests.support.factories", fromlist=["TokenFactory"])
+    from tests.support.concurrency import token_client
 
     token = token_mod.TokenFactory(user__username=f"r4-{uuid.uuid4().hex[:8]}")
     client = token_client(token.key)

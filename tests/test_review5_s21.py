@@ -16,8 +16,8 @@ from django.test import override_settings
 
 from django_idempotency import store
 from django_idempotency.store import clock
-from tests.conftest import client_for
-from tests.testapp.models import Widget
+from tests.support.clients import client_for
+from tests.support.testapp.models import Widget
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -133,7 +133,7 @@ def test_use_tz_false_window_ending_in_the_second_pass_of_the_repeated_hour_comp
 
 # --- 2. Replay fidelity (docs/protocol.md, "Replay") -------------------------------------
 
-URLS = pytest.mark.urls("tests.review_s21_views")
+URLS = pytest.mark.urls("tests.support.response_views")
 
 
 def _twice(api: Any, url: str, data: Any = None) -> tuple[Any, Any]:
@@ -242,8 +242,8 @@ def test_waiters_of_a_released_original_run_the_view_once_more_and_replay_it(ali
     runs it (claim = insert against the unique scope), the others get its replay."""
     import time
 
-    from tests.concurrency import Runner, token_client
-    from tests.review_s21_views import FLAKY
+    from tests.support.concurrency import Runner, token_client
+    from tests.support.response_views import FLAKY
 
     FLAKY.update(runs=0, lock=threading.Lock(), entered=threading.Event(), open=threading.Event())
     key = str(uuid.uuid4())

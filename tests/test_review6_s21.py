@@ -160,7 +160,7 @@ def test_a_late_completion_committing_during_a_sweep_is_not_dropped_with_its_day
 # --- 2. a server default isolation level and heartbeats -----------------------------
 
 
-@pytest.mark.urls("tests.urls")
+@pytest.mark.urls("tests.support.urls")
 def test_a_heartbeat_on_a_server_defaulting_to_repeatable_read_is_refused_not_fenced(
     server_repeatable_read: None, api: Any
 ) -> None:

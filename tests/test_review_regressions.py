@@ -13,9 +13,9 @@ from django_idempotency.conf import conf
 from django_idempotency.models import IdempotencyRecord, OutboxMessage, OutboxState
 from django_idempotency.outbox import relay
 from django_idempotency.testing import travel
-from tests.concurrency import token_client
-from tests.factories import TokenFactory
-from tests.testapp.models import Widget
+from tests.support.concurrency import token_client
+from tests.support.factories import TokenFactory
+from tests.support.testapp.models import Widget
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

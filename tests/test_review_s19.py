@@ -8,9 +8,9 @@ import pytest
 from django.db import connection, transaction
 
 from django_idempotency.models import IdempotencyRecord
-from tests.concurrency import token_client
-from tests.factories import TokenFactory
-from tests.testapp.models import Widget
+from tests.support.concurrency import token_client
+from tests.support.factories import TokenFactory
+from tests.support.testapp.models import Widget
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -56,8 +56,8 @@ def test_held_releases_are_not_logged_as_statements_without_sql():
 def test_on_commit_callbacks_run_once_after_the_carried_commit_and_never_when_fenced():
     """The COMMIT goes with the completion; Django's block exit still runs the view's
     ``transaction.on_commit`` callbacks, once; a fenced completion runs none."""
-    from tests.faults import admin_connection
-    from tests.testapp.gates import HOOKS
+    from tests.support.faults import admin_connection
+    from tests.support.testapp.gates import HOOKS
 
     ran: list[object] = []
 

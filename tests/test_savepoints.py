@@ -20,10 +20,10 @@ from django.views.decorators.csrf import csrf_exempt
 from django_idempotency import idempotent
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.transactions import savepoints
-from tests.concurrency import token_client
-from tests.factories import TokenFactory
-from tests.faults import admin_connection
-from tests.testapp.models import Widget
+from tests.support.concurrency import token_client
+from tests.support.factories import TokenFactory
+from tests.support.faults import admin_connection
+from tests.support.testapp.models import Widget
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

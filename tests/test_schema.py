@@ -23,7 +23,7 @@ from django_idempotency.retention import partitions
 from django_idempotency.store import clock
 from django_idempotency.store.catalog import forget, is_partitioned
 from django_idempotency.store.schema import tables
-from tests.concurrency import Runner
+from tests.support.concurrency import Runner
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 

@@ -18,18 +18,18 @@ from hypothesis import strategies as st
 from django_idempotency.models import IdempotencyRecord, RecordState
 from django_idempotency.principals import auth_token_principal
 from django_idempotency.protocol.begin import fit as _fit
-from tests.conftest import client_for
-from tests.factories import TokenFactory
-from tests.faults import RouteTo, extra_alias, unreachable
-from tests.robustness_app import SECRET_HEADER_VALUE, TOY_CODEC
-from tests.testapp.gates import HOOKS
-from tests.testapp.models import Widget
+from tests.support.clients import client_for
+from tests.support.factories import TokenFactory
+from tests.support.faults import RouteTo, extra_alias, unreachable
+from tests.support.robustness_app import SECRET_HEADER_VALUE, TOY_CODEC
+from tests.support.testapp.gates import HOOKS
+from tests.support.testapp.models import Widget
 
 __all__ = ["extra_alias"]  # a fixture
 
-pytestmark = pytest.mark.urls("tests.robustness_app")
+pytestmark = pytest.mark.urls("tests.support.robustness_app")
 
-TENANT = {"PRINCIPAL_RESOLVER": "tests.robustness_app.tenant_principal"}
+TENANT = {"PRINCIPAL_RESOLVER": "tests.support.robustness_app.tenant_principal"}
 printable = st.characters(min_codepoint=0x20, max_codepoint=0x7E)
 
 
@@ -261,7 +261,7 @@ def test_keys_are_never_logged_at_info_or_above(alice, caplog, on_postgres, extr
 @pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_keys_are_not_logged_when_the_connection_dies(alice, caplog) -> None:
-    from tests.faults import terminate
+    from tests.support.faults import terminate
 
     caplog.set_level(logging.DEBUG)
     key = f"full-key-{uuid.uuid4().hex}"
@@ -282,7 +282,7 @@ def test_keys_are_not_logged_when_the_connection_dies(alice, caplog) -> None:
 
 
 @pytest.mark.django_db
-@pytest.mark.parametrize("codec", [TOY_CODEC, "tests.robustness_app.TOY_CODEC"])
+@pytest.mark.parametrize("codec", [TOY_CODEC, "tests.support.robustness_app.TOY_CODEC"])
 def test_body_codec_encodes_the_stored_body_and_decodes_the_replay(codec: Any) -> None:
     client = Client(HTTP_X_TENANT="t-codec")
     with override_settings(IDEMPOTENCY={**TENANT, "BODY_CODEC": codec}):

@@ -12,9 +12,9 @@ import uuid
 import pytest
 
 from django_idempotency.models import IdempotencyRecord, RecordState
-from tests.concurrency import Runner, token_client
-from tests.factories import TokenFactory
-from tests.testapp.models import Widget
+from tests.support.concurrency import Runner, token_client
+from tests.support.factories import TokenFactory
+from tests.support.testapp.models import Widget
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -12,7 +12,7 @@ from django.db import connection, transaction
 
 from django_idempotency import exceptions, store, testing
 from django_idempotency.models import IdempotencyRecord, RecordState
-from tests.testapp.models import Widget
+from tests.support.testapp.models import Widget
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -23,7 +23,7 @@ import pytest
 import stamina  # noqa: F401
 from django.conf import settings
 
-from tests.test_example_project import EXAMPLE, run_in_example
+from tests.support.example_project import EXAMPLE, run_in_example
 
 if str(EXAMPLE) not in sys.path:
     sys.path.insert(0, str(EXAMPLE))

@@ -18,9 +18,9 @@ from django_idempotency import retention, store, testing
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.retention import sweeper as retention_sweeper
 from django_idempotency.store.schema.functions import SWEEP_LOCK
-from tests.faults import wait_for
-from tests.test_relay_outages import outage_lines, proxy
-from tests.test_relay_stops import child
+from tests.support.faults import wait_for
+from tests.support.outages import outage_lines, proxy
+from tests.support.relay_process import child
 
 __all__ = ["child", "proxy"]  # the fixtures, used here
 
@@ -157,7 +157,7 @@ def test_a_day_attached_back_during_the_sweep_is_reported_as_held(monkeypatch, v
     from django.db import connections, transaction
 
     from django_idempotency.retention import partitions
-    from tests.faults import wait_for
+    from tests.support.faults import wait_for
 
     if not retention_sweeper.is_partitioned(connection):
         pytest.skip("partitioned table only")

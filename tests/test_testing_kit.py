@@ -1,6 +1,6 @@
 """django_idempotency.testing, the kit for users' own tests, used on our own view.
 
-``/widgets`` (tests/testapp/views.py) is the quick start's view under another name: a
+``/widgets`` (tests/support/testapp/views.py) is the quick start's view under another name: a
 DRF function view with ``@idempotent`` that creates a row and answers 201. The kit's
 threads each have their own database connection, on SQLite and on PostgreSQL.
 """
@@ -24,10 +24,10 @@ from django_idempotency.testing import (
     fire_duplicates,
     past_lease,
 )
-from tests.conftest import client_for
-from tests.factories import TokenFactory
-from tests.testapp.gates import HOOKS
-from tests.testapp.models import Widget
+from tests.support.clients import client_for
+from tests.support.factories import TokenFactory
+from tests.support.testapp.gates import HOOKS
+from tests.support.testapp.models import Widget
 
 
 def test_the_fixture_fires_duplicates_that_run_the_view_once(idempotency_kit, alice) -> None:

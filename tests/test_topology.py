@@ -21,8 +21,8 @@ from django_idempotency import outbox, retention, store, testing
 from django_idempotency.admin import OutboxMessageAdmin
 from django_idempotency.models import IdempotencyRecord, OutboxMessage, OutboxState
 from django_idempotency.outbox import relay
-from tests.factories import UserFactory
-from tests.testapp.models import Widget
+from tests.support.factories import UserFactory
+from tests.support.testapp.models import Widget
 
 pytestmark = [
     pytest.mark.postgres,

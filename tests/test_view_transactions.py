@@ -17,11 +17,11 @@ from rest_framework.authtoken.models import Token
 from django_idempotency import signals, transactions
 from django_idempotency.exceptions import OuterTransactionWarning
 from django_idempotency.models import IdempotencyRecord
-from tests.concurrency import Runner, token_client
-from tests.factories import TokenFactory, UserFactory
-from tests.faults import wait_for
-from tests.testapp.gates import HOOKS
-from tests.testapp.models import Widget
+from tests.support.concurrency import Runner, token_client
+from tests.support.factories import TokenFactory, UserFactory
+from tests.support.faults import wait_for
+from tests.support.testapp.gates import HOOKS
+from tests.support.testapp.models import Widget
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -12,8 +12,8 @@ from django.test import override_settings
 from django.utils import timezone
 
 from django_idempotency.models import IdempotencyRecord, RecordState
-from tests.conftest import client_for
-from tests.testapp.models import Widget
+from tests.support.clients import client_for
+from tests.support.testapp.models import Widget
 
 pytestmark = pytest.mark.django_db
 
@@ -300,7 +300,7 @@ def test_viewset_mixin_protects_listed_actions_only(api, key):
 def test_plain_django_view_with_session_auth(db, key):
     from django.test import Client
 
-    from tests.factories import UserFactory
+    from tests.support.factories import UserFactory
 
     client = Client()
     client.force_login(UserFactory(username="carol"))
@@ -317,7 +317,7 @@ def test_plain_django_view_with_session_auth(db, key):
 def test_streaming_response_is_stored_and_replayed(db, key):
     from django.test import Client
 
-    from tests.factories import UserFactory
+    from tests.support.factories import UserFactory
 
     client = Client()
     client.force_login(UserFactory(username="dave"))

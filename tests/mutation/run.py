@@ -1166,7 +1166,8 @@ MUTANTS: list[Mutant] = [
             "the days it creates ahead are today and later, never that day."
         ),
     ),
-    # protocol/drf.py, protocol/decorators.py, checks/stacking.py: protection where it cannot work is refused
+    # protocol/drf.py, protocol/decorators.py, checks/stacking.py: protection where it
+    # cannot work is refused
     m(
         "K1",
         "protocol/drf.py",

@@ -1,6 +1,6 @@
 """A process that claims a key and holds it: the owner of tests/test_presence.py.
 
-Run as ``python -m tests.presence_owner PRINCIPAL ENDPOINT KEY FINGERPRINT LEASE`` with
+Run as ``python -m tests.support.presence_owner PRINCIPAL ENDPOINT KEY FINGERPRINT LEASE`` with
 ``DATABASE_URL`` naming the test database (and ``IDEMPOTENCY_OWNER_PRESENCE`` =
 ``auto``/``true``/``false``). It claims the scope on its own connection, prints one
 JSON line (its pid, whether its session holds the presence lock, its backend pid),

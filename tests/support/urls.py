@@ -5,5 +5,5 @@ from django.urls import include, path
 
 urlpatterns = [
     path("admin/", admin.site.urls),
-    path("", include("tests.testapp.urls")),
+    path("", include("tests.support.testapp.urls")),
 ]

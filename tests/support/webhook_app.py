@@ -1,6 +1,6 @@
 """Webhook receivers for tests/test_inbox_receivers.py: keys from elsewhere in the request.
 
-Mounted with ``@pytest.mark.urls("tests.webhook_app")``. The senders are signed, not
+Mounted with ``@pytest.mark.urls("tests.support.webhook_app")``. The senders are signed, not
 logged in: each receiver's principal comes from ``signed_principal``.
 """
 
@@ -19,8 +19,8 @@ from rest_framework.response import Response
 from django_idempotency import idempotent
 from django_idempotency.extractors import body_field, combined, header
 from django_idempotency.principals import hmac_signature, signed_principal
-from tests.testapp.gates import GATES
-from tests.testapp.models import Widget
+from tests.support.testapp.gates import GATES
+from tests.support.testapp.models import Widget
 
 SECRET = "whsec-tests-only"
 GITHUB = signed_principal("webhook:github", hmac_signature(SECRET, "X-Hub-Signature-256"))
@@ -96,7 +96,7 @@ def broken_extractor(request: Any) -> str:
 
 
 @csrf_exempt
-@idempotent(key="tests.webhook_app.broken_extractor", principal=STRIPE)
+@idempotent(key="tests.support.webhook_app.broken_extractor", principal=STRIPE)
 def dotted_receiver(request: Any) -> JsonResponse:
     return _stripe_event(request)
 

@@ -1,6 +1,6 @@
 """The Celery app of the worker processes of tests/test_inbox_celery_workers.py.
 
-Run as ``celery -A tests.inbox_worker worker`` with ``DATABASE_URL`` naming the test
+Run as ``celery -A tests.support.inbox_worker worker`` with ``DATABASE_URL`` naming the test
 database and ``INBOX_BROKER_URL``, ``INBOX_QUEUE`` (also the prefix of this app's own
 unacked-message keys in Redis, so its short visibility timeout never restores another
 app's messages), ``INBOX_BLOCK`` (a file: while it exists, the next body to start
@@ -23,7 +23,7 @@ django.setup()
 from celery import Celery  # noqa: E402
 
 from django_idempotency.inbox.celery import idempotent_shared_task  # noqa: E402
-from tests.testapp.models import Widget  # noqa: E402
+from tests.support.testapp.models import Widget  # noqa: E402
 
 QUEUE = os.environ["INBOX_QUEUE"]
 LEASE = 3.0  # seconds: a killed worker's claim is taken over this long after its start

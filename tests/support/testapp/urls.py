@@ -45,7 +45,7 @@ urlpatterns = [
     path("review2/lock-iterate", views.review2_lock_iterate),
     path("review2/copy-caught", views.review2_copy_caught),
     path("review2/block-then", views.review2_block_then),
-    path("review3/scenario", views.review3_scenario),
+    path("savepoints/scenario", views.savepoint_scenario),
     path("delegate/outer", views.delegate_outer),
     path("delegate/mixin", views.DelegatingView.as_view()),
     path("delegate/own-request", views.own_request_outer),

@@ -1,6 +1,6 @@
 """Views whose responses carry many kinds of headers, for the replay tests.
 
-Mounted with ``@pytest.mark.urls("tests.replay_app")``; the admin is mounted too.
+Mounted with ``@pytest.mark.urls("tests.support.replay_app")``; the admin is mounted too.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from rest_framework.views import APIView
 
 from django_idempotency import IdempotentMixin, idempotent
 from django_idempotency.protocol.drf import ReplayNegotiation
-from tests.testapp.gates import GATES
-from tests.testapp.models import Widget
+from tests.support.testapp.gates import GATES
+from tests.support.testapp.models import Widget
 
 #: Headers a first response carries that describe the response, and come back.
 DESCRIBING = {
@@ -135,5 +135,5 @@ urlpatterns = [
     path("x/method", MethodView.as_view()),
     path("x/own", own_problems),
     path("x/localised", localised),
-    path("", include("tests.testapp.urls")),
+    path("", include("tests.support.testapp.urls")),
 ]

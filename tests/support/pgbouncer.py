@@ -1,4 +1,4 @@
-"""pytest plugin: the tests' connections go through PgBouncer (``-p tests.pgbouncer``).
+"""pytest plugin: the tests' connections go through PgBouncer (``-p tests.support.pgbouncer``).
 
 With ``PGBOUNCER_PORT`` set (and ``DATABASE_URL`` on the PostgreSQL server itself), the
 test databases are created, migrated and dropped on the server directly, and every

@@ -11,7 +11,7 @@ from rest_framework.decorators import api_view
 from rest_framework.response import Response
 
 from django_idempotency import idempotent
-from tests.testapp.models import Widget
+from tests.support.testapp.models import Widget
 
 
 def _on_commit_widget(name: str) -> None:

@@ -557,7 +557,7 @@ def review2_block_then(request):
 
 @api_view(["POST"])
 @idempotent(required=False)
-def review3_scenario(request):
+def savepoint_scenario(request):
     """Runs ``HOOKS["scenario"]()`` and answers 201 with what it returned."""
     return Response({"result": HOOKS["scenario"]()}, status=201)
 

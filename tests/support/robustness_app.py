@@ -1,6 +1,6 @@
 """Views and URLs for the hostile-input, database-fault and security tests.
 
-Use with ``pytest.mark.urls("tests.robustness_app")``: the test app's URLs plus
+Use with ``pytest.mark.urls("tests.support.robustness_app")``: the test app's URLs plus
 views that accept any body and say who ran them, so a test can tell a replay from
 an execution and one principal's response from another's.
 """
@@ -20,8 +20,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from django_idempotency import IdempotentMixin, idempotent
-from tests.testapp.models import Widget
-from tests.urls import urlpatterns as base_urlpatterns
+from tests.support.testapp.models import Widget
+from tests.support.urls import urlpatterns as base_urlpatterns
 
 #: A response header that is a secret (tests configure it as a replay header).
 SECRET_HEADER_VALUE = "sk_live_response_secret_9f2c"

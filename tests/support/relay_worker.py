@@ -1,6 +1,6 @@
 """The Celery app of the relay worker processes of tests/test_relay_workers.py.
 
-Run as ``celery -A tests.relay_worker worker`` with ``DATABASE_URL`` naming the test
+Run as ``celery -A tests.support.relay_worker worker`` with ``DATABASE_URL`` naming the test
 database, ``RELAY_BROKER_URL``, ``RELAY_QUEUE`` and ``RELAY_DELIVERY_LOG``. The handler
 of ``topology.burst`` appends one line per delivery to the log: message id, dedup key
 and the worker's pid (one short ``O_APPEND`` write, so lines of several workers never
