@@ -32,7 +32,7 @@ from tests.support.factories import TokenFactory
 from tests.support.faults import admin_connection
 from tests.support.testapp.models import Widget
 
-pytestmark = pytest.mark.postgres
+pytestmark = [pytest.mark.postgres, pytest.mark.pooled]
 
 FP = "f" * 64
 RESPONSE = store.StoredResponse(201, [("Content-Type", "application/json")], b"{}")

@@ -26,7 +26,7 @@ from tests.support.factories import TokenFactory
 from tests.support.testapp.gates import GATES, HOOKS, Gate
 from tests.support.testapp.models import Widget
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.pooled]
 pg_only = pytest.mark.postgres
 
 CLIENTS = 16

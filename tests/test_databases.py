@@ -43,6 +43,7 @@ from tests.support.testapp.models import Widget
 pytestmark = [
     pytest.mark.django_db(transaction=True, databases=["default", "shard"]),
     pytest.mark.urls("tests.test_databases"),
+    pytest.mark.pooled,
 ]
 
 PRINCIPAL = "tenant-user"

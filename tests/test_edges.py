@@ -26,7 +26,7 @@ from django_idempotency.store.schema import tables
 from tests.support.concurrency import Runner, token_client
 from tests.support.testapp.gates import GATES, Gate
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.pooled]
 
 DAY = 86400.0
 FP, OTHER_FP = "a" * 64, "b" * 64

@@ -23,7 +23,7 @@ from django_idempotency.models import IdempotencyRecord, OutboxMessage, RecordSt
 from django_idempotency.protocol import context
 from tests.support.testapp.models import Widget
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.pooled]
 
 SCOPE = {"principal": "consumer:invoices", "endpoint": "invoices.apply"}
 

@@ -20,7 +20,7 @@ from django_idempotency.models import IdempotencyRecord, OutboxMessage, OutboxSt
 from tests.support.testapp.gates import HOOKS
 from tests.support.testapp.models import Widget
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.pooled]
 
 
 def notify(api: Any, key: str, **body: Any) -> Any:

@@ -30,7 +30,7 @@ from django_idempotency.store.schema.functions import SWEEP_LOCK
 from tests.support.concurrency import Runner
 from tests.support.pgbouncer import pgbouncer_port
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True), pytest.mark.pooled]
 
 DAY = 86400.0
 FP = "f" * 64

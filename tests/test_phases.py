@@ -54,7 +54,7 @@ def lease_is_over(rec: IdempotencyRecord) -> bool:
     return rec.lease_until <= timezone.now()
 
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.pooled]
 
 
 def test_all_phases_then_replay(api, alice, key):

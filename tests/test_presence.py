@@ -39,6 +39,8 @@ from tests.support.pgbouncer import database_url
 from tests.support.testapp.gates import HOOKS
 from tests.support.testapp.models import Widget
 
+pytestmark = pytest.mark.pooled
+
 pg_only = pytest.mark.skipif(
     os.environ.get("DATABASE_URL", "").split(":")[0] not in ("postgres", "postgresql"),
     reason="owner presence is PostgreSQL's",

@@ -20,7 +20,7 @@ from django_idempotency.outbox import relay
 from django_idempotency.testing import travel
 from tests.support.clocks import db_now
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.pooled]
 
 
 class Recorder:

@@ -19,6 +19,8 @@ from django_idempotency.outbox import relay
 from django_idempotency.testing import travel
 from tests.support.concurrency import Runner
 
+pytestmark = pytest.mark.pooled
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

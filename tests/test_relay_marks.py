@@ -24,7 +24,7 @@ from tests.support.pgbouncer import NOT_POOLED
 
 ROOT = Path(__file__).resolve().parent.parent
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.pooled]
 
 
 def enqueue(n: int, topic: str) -> list[int]:

@@ -16,7 +16,7 @@ from django_idempotency import outbox
 from django_idempotency.models import OutboxMessage, OutboxState
 from django_idempotency.outbox import relay
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.pooled]
 
 
 class Pooled:

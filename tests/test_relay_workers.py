@@ -27,7 +27,7 @@ from django_idempotency.models import OutboxMessage, OutboxState
 from tests.support.pgbouncer import database_url
 from tests.support.redis import REDIS_HOST, REDIS_PORT, redis_unreachable
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True), pytest.mark.pooled]
 
 WORKERS = 4
 TASKS = 8

@@ -20,7 +20,7 @@ from django_idempotency.checks.views import check_view_retention
 from django_idempotency.models import IdempotencyRecord, OutboxMessage, OutboxState
 from django_idempotency.store import clock
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.pooled]
 
 DAY = 86400.0
 FP, OTHER_FP = "a" * 64, "b" * 64

@@ -37,7 +37,7 @@ from tests.support.savepoint_scenarios import (  # noqa: F401  (the autouse fixt
 )
 from tests.support.testapp.models import Widget
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True), pytest.mark.pooled]
 
 # --- What the review found ---------------------------------------------------------------
 

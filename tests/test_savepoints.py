@@ -25,7 +25,7 @@ from tests.support.factories import TokenFactory
 from tests.support.faults import admin_connection
 from tests.support.testapp.models import Widget
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.pooled]
 
 NAMES = ["between", "first", "last"]
 

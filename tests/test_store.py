@@ -14,7 +14,7 @@ from django_idempotency import exceptions, store, testing
 from django_idempotency.models import IdempotencyRecord, RecordState
 from tests.support.testapp.models import Widget
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.pooled]
 
 FP = "a" * 64
 OTHER_FP = "b" * 64

@@ -27,6 +27,7 @@ from tests.support.testapp.models import Widget
 pytestmark = [
     pytest.mark.postgres,
     pytest.mark.django_db(transaction=True, databases=["default", "replica"]),
+    pytest.mark.pooled,
 ]
 
 DAY = 86400.0

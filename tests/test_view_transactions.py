@@ -23,7 +23,7 @@ from tests.support.faults import wait_for
 from tests.support.testapp.gates import HOOKS
 from tests.support.testapp.models import Widget
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.pooled]
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from django_idempotency.models import IdempotencyRecord, RecordState
 from tests.support.clients import client_for
 from tests.support.testapp.models import Widget
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.pooled]
 
 PROBLEM = "application/problem+json"
 
