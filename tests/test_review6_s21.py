@@ -176,7 +176,7 @@ def test_a_heartbeat_on_a_server_defaulting_to_repeatable_read_is_refused_not_fe
     default_transaction_isolation, detected by the first claim that meets it"
     (docs/retention.md, "Isolation levels"): "Heartbeats are refused ... it raises
     exceptions.HeartbeatUnavailable with an explanation" -- exactly what the same view does
-    when the level comes from OPTIONS (tests/test_edges.py,
+    when the level comes from OPTIONS (tests/store/test_edges.py,
     test_a_heartbeat_is_refused_clearly_at_stricter_levels). In no case may a request
     that nobody took over be answered 409 ``lease-lost`` (docs/retention.md,
     "Fencing": 409 only for a record "taken over while the view ran").

@@ -1,4 +1,4 @@
-"""The Celery app of the worker processes of tests/test_inbox_celery_workers.py.
+"""The Celery app of the worker processes of tests/integration/test_inbox_celery_workers.py.
 
 Run as ``celery -A tests.support.inbox_worker worker`` with ``DATABASE_URL`` naming the test
 database and ``INBOX_BROKER_URL``, ``INBOX_QUEUE`` (also the prefix of this app's own

@@ -1,4 +1,4 @@
-"""A process that claims a key and holds it: the owner of tests/test_presence.py.
+"""A process that claims a key and holds it: the owner of tests/store/test_presence.py.
 
 Run as ``python -m tests.support.presence_owner PRINCIPAL ENDPOINT KEY FINGERPRINT LEASE`` with
 ``DATABASE_URL`` naming the test database (and ``IDEMPOTENCY_OWNER_PRESENCE`` =

@@ -1,4 +1,4 @@
-"""The Celery app of the relay worker processes of tests/test_relay_workers.py.
+"""The Celery app of the relay worker processes of tests/integration/test_relay_workers.py.
 
 Run as ``celery -A tests.support.relay_worker worker`` with ``DATABASE_URL`` naming the test
 database, ``RELAY_BROKER_URL``, ``RELAY_QUEUE`` and ``RELAY_DELIVERY_LOG``. The handler

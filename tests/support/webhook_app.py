@@ -1,4 +1,4 @@
-"""Webhook receivers for tests/test_inbox_receivers.py: keys from elsewhere in the request.
+"""Webhook receivers for tests/inbox/test_receivers.py: keys from elsewhere in the request.
 
 Mounted with ``@pytest.mark.urls("tests.support.webhook_app")``. The senders are signed, not
 logged in: each receiver's principal comes from ``signed_principal``.

@@ -328,7 +328,7 @@ def notify_slow(request):
     return Response({"message": message.pk, "key": message.dedup_key}, status=201)
 
 
-# --- The view's own transaction outcomes (tests/test_view_transactions.py) ----------
+# --- The view's own transaction outcomes (tests/transactions/test_view_transactions.py) ----------
 
 
 @api_view(["POST"])
@@ -400,7 +400,7 @@ def phase_rolls_back(request):
     return Response({"a_pending": idem.pending("a")}, status=402)
 
 
-# --- Claims inside an outer transaction (tests/test_view_transactions.py) -----------
+# --- Claims inside an outer transaction (tests/transactions/test_view_transactions.py) -----------
 
 from django.db import transaction as _transaction  # noqa: E402
 
@@ -438,7 +438,7 @@ def atomic_below(request):
 def nested_blocks(request):
     """Blocks inside the app's transaction: one that commits, one that fails and is
     caught (its savepoint rolled back), a write between, and a last block right before
-    the response (tests/test_savepoints.py)."""
+    the response (tests/transactions/test_savepoints.py)."""
     from django.db import IntegrityError
     from rest_framework.authtoken.models import Token
 
@@ -562,7 +562,7 @@ def savepoint_scenario(request):
     return Response({"result": HOOKS["scenario"]()}, status=201)
 
 
-# --- Idempotent views that call idempotent views (tests/test_nested_views.py) -------
+# --- Idempotent views that call idempotent views (tests/protocol/test_nested_views.py) -------
 
 
 @idempotent

@@ -5,7 +5,7 @@ A view that hands its request (or a request of its own with the same scope: prin
 endpoint, key) to another idempotent view runs the inner one once, as part of its own
 execution: no second claim, the inner's writes in the outer's transaction, the outer's
 response stored. A call of another scope is a claim of its own, nested in the outer's
-transaction. The same holds for ``inbox.once`` blocks (tests/test_inbox_calls.py).
+transaction. The same holds for ``inbox.once`` blocks (tests/inbox/test_calls.py).
 """
 
 from __future__ import annotations

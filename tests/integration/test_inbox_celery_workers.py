@@ -31,7 +31,7 @@ from tests.support.testapp.models import Widget
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BROKER = f"redis://{REDIS_HOST}:{REDIS_PORT}/0"
 TIMEOUT = 60  # seconds any one step may take before the test fails
 

@@ -352,7 +352,7 @@ def test_manage_py_check_passes_with_a_settings_module_without_root_urlconf(tmp_
         "del ROOT_URLCONF  # noqa: F821\n"
         "SILENCED_SYSTEM_CHECKS = ['django_idempotency.W003']  # SQLite outside tests\n"
     )
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     env = dict(os.environ, DJANGO_SETTINGS_MODULE="worker_settings")
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(root)])
     done = subprocess.run(

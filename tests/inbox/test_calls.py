@@ -4,7 +4,7 @@
 release: the body's writes and its stored result commit together, a second call gets
 the stored result, an exception releases the key, a crashed claim is taken over after
 its lease, records are swept after their retention window. Real workers:
-tests/test_inbox_celery_workers.py.
+tests/integration/test_inbox_celery_workers.py.
 """
 
 from __future__ import annotations
@@ -201,7 +201,7 @@ def test_idempotent_call_takes_the_key_from_an_argument():
     assert book("e-1", amount=3) == [3, ""]
     assert calls == ["e-1"] and Widget.objects.count() == 1
     record = IdempotencyRecord.objects.get()
-    assert record.endpoint == "call:tests.test_inbox_calls.book"
+    assert record.endpoint == "call:tests.inbox.test_calls.book"
     assert record.principal == "consumer:ledger"
     with pytest.raises(exceptions.KeyReused):
         book("e-1", 4)
@@ -239,7 +239,7 @@ def test_idempotent_call_needs_json_arguments_or_a_payload():
 
 
 # The Celery decorator, run in process (eager); real workers in
-# tests/test_inbox_celery_workers.py.
+# tests/integration/test_inbox_celery_workers.py.
 
 
 @pytest.fixture

@@ -471,7 +471,7 @@ def test_the_package_imports_without_httpx_and_the_client_says_what_to_install()
         text=True,
         timeout=60,
         check=False,
-        cwd=Path(__file__).resolve().parent.parent,
+        cwd=Path(__file__).resolve().parents[2],
     )
 
     assert done.returncode == 0, done.stderr

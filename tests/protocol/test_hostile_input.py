@@ -166,7 +166,7 @@ def test_bare_key_oracle_matches_exactly(value: str) -> None:
     """Every bare value (printable ASCII) is accepted exactly when the oracle says so.
 
     A value opening with ``"`` is a Structured Field String, not a bare key: ``"0"``
-    is the key ``0`` (tests/test_keys.py covers that spelling).
+    is the key ``0`` (tests/protocol/test_keys.py covers that spelling).
     """
     client, _tenant = tenant_client()
     tag = uuid.uuid4().hex

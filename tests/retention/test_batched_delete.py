@@ -32,7 +32,7 @@ FP, OTHER_FP = "d" * 64, "e" * 64
 def plain(record_table: str) -> str:
     """The plain record table (PostgreSQL with ``PARTITION_RECORDS = False``, or SQLite)."""
     if record_table == "partitioned":
-        pytest.skip("the partitioned table drops whole days: tests/test_partitions.py")
+        pytest.skip("the partitioned table drops whole days: tests/retention/test_partitions.py")
     return record_table
 
 

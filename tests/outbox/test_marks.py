@@ -22,7 +22,7 @@ from django_idempotency.testing import travel
 from tests.support.faults import admin_connection, terminate, wait_for
 from tests.support.pgbouncer import NOT_POOLED
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.pooled]
 

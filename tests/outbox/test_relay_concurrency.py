@@ -21,7 +21,7 @@ from tests.support.concurrency import Runner
 
 pytestmark = pytest.mark.pooled
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ import httpx
 import pytest
 import schemathesis  # noqa: F401  # declared by the test extra: missing is a failure, not a skip
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "example_project"
 TOKEN = "alice-demo-token-00000000000000000000000"  # workers/demo_principals.py
 

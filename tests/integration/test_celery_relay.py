@@ -152,7 +152,7 @@ def test_the_package_does_not_need_celery():
         "except ImportError:\n"
         "    print('ok')\n"
     )
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root)
     assert out.stdout.strip() == "ok", out.stderr
 

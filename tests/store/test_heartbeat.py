@@ -4,7 +4,7 @@ sessions on PostgreSQL.
 The heartbeat extends a running view's lease from a thread of its own, on its own
 connection. It stops as soon as it finds its claim taken over (it could only hold off
 nobody), and a dropped connection costs it one beat: it reconnects, so the lease never
-runs out under a live view. The three-lease run is in tests/test_presence.py.
+runs out under a live view. The three-lease run is in tests/store/test_presence.py.
 """
 
 from __future__ import annotations

@@ -127,7 +127,7 @@ def test_the_sweeper_works_without_celery():
         "assert 'celery' not in {m.split('.')[0] for m in sys.modules if sys.modules[m]}\n"
     )
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     done = subprocess.run(
         [sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True
     )

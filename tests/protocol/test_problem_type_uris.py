@@ -14,7 +14,7 @@ from django_idempotency.protocol import problems
 
 pytestmark = pytest.mark.django_db
 
-PROBLEMS_PAGE = Path(__file__).resolve().parent.parent / "docs" / "problems.md"
+PROBLEMS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "problems.md"
 
 #: RFC 4151: "tag:" authorityName "," date ":" specific [ "#" fragment ].
 TAG_URI = re.compile(

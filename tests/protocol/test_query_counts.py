@@ -13,7 +13,7 @@ The contract (docs/benchmarks.md):
   statement) + the completion (1 statement, the server-side function, which carries
   the ``COMMIT`` of the view's transaction), plus that transaction's ``BEGIN``: 3 round
   trips more than the same view unkeyed. Django still logs the block's ``COMMIT``,
-  which finds nothing left to send (tests/test_claim_commit.py counts what psycopg
+  which finds nothing left to send (tests/store/test_claim_commit.py counts what psycopg
   sends).
 * PostgreSQL, replay: authentication + exactly 1 statement (the claim, which returns
   the stored response). The view does not run. A key reused with another body (422)

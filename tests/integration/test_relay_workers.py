@@ -32,7 +32,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True), pyt
 WORKERS = 4
 TASKS = 8
 MESSAGES = 200
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def worker_command(n: int) -> list[str]:

@@ -42,7 +42,7 @@ from tests.support.testapp.models import Widget
 
 pytestmark = [
     pytest.mark.django_db(transaction=True, databases=["default", "shard"]),
-    pytest.mark.urls("tests.test_databases"),
+    pytest.mark.urls("tests.store.test_routing"),
     pytest.mark.pooled,
 ]
 
@@ -194,7 +194,7 @@ def widgets(alias: str) -> int:
 
 @pytest.fixture
 def records_on_shard(settings: Any) -> None:
-    settings.DATABASE_ROUTERS = ["tests.test_databases.RecordsElsewhere"]
+    settings.DATABASE_ROUTERS = ["tests.store.test_routing.RecordsElsewhere"]
 
 
 @pytest.fixture
@@ -250,7 +250,7 @@ def test_a_per_request_choice_keeps_each_tenants_records_in_its_shard():
 
 
 def test_the_resolver_setting_chooses_for_every_view(settings: Any):
-    settings.IDEMPOTENCY = {"DATABASE_RESOLVER": "tests.test_databases.tenant"}
+    settings.IDEMPOTENCY = {"DATABASE_RESOLVER": "tests.store.test_routing.tenant"}
     key = str(uuid.uuid4())
     response = post("/reads-default", key, HTTP_X_TENANT="shard")
     assert response.status_code == 201
@@ -321,7 +321,7 @@ def test_the_refusal_names_the_view_and_both_databases(records_on_shard: None):
     with pytest.raises(CrossDatabaseWrite) as raised:
         post("/on-default", str(uuid.uuid4()), client=Client())
     message = str(raised.value)
-    assert "tests.test_databases.on_default" in message and "POST /on-default" in message
+    assert "tests.store.test_routing.on_default" in message and "POST /on-default" in message
     assert "'default'" in message and "'shard'" in message
     assert (raised.value.database, raised.value.record_database) == ("default", "shard")
 
@@ -745,16 +745,16 @@ def test_a_router_splitting_records_from_the_models_is_reported(records_on_shard
 def test_a_views_database_the_sweeper_does_not_cover_is_reported(settings: Any):
     messages = check_view_databases()
     assert [m.id for m in messages] == ["django_idempotency.W008"]  # on_shard's 'shard'
-    assert "tests.test_databases.on_shard" in messages[0].msg
+    assert "tests.store.test_routing.on_shard" in messages[0].msg
     settings.IDEMPOTENCY = {"DATABASES": ["default", "shard"]}
     assert check_view_databases() == []
 
 
 def test_a_resolver_without_the_databases_setting_is_reported(settings: Any):
-    settings.IDEMPOTENCY = {"DATABASE_RESOLVER": "tests.test_databases.tenant"}
+    settings.IDEMPOTENCY = {"DATABASE_RESOLVER": "tests.store.test_routing.tenant"}
     assert [m.id for m in check_record_placement()] == ["django_idempotency.W008"]
     settings.IDEMPOTENCY = {
-        "DATABASE_RESOLVER": "tests.test_databases.tenant",
+        "DATABASE_RESOLVER": "tests.store.test_routing.tenant",
         "DATABASES": ["default", "shard"],
     }
     assert check_record_placement() == []

@@ -53,7 +53,7 @@ def user() -> Any:
 
 @pytest.fixture
 def routed(settings: Any) -> None:
-    settings.DATABASE_ROUTERS = ["tests.test_topology.ReplicaRouter"]
+    settings.DATABASE_ROUTERS = ["tests.store.test_replica_router.ReplicaRouter"]
 
 
 @pytest.fixture
