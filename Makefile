@@ -44,7 +44,7 @@ storm: $(STAMP)
 
 stress: $(STAMP)
 	@case "$$DATABASE_URL" in postgres*) ;; *) echo "make stress needs PostgreSQL: DATABASE_URL=postgres://... make stress"; exit 2;; esac
-	$(BIN)/python -m pytest --stress --stress-scale $(STRESS_SCALE) tests/test_concurrency.py
+	$(BIN)/python -m pytest --stress --stress-scale $(STRESS_SCALE) tests/store/test_concurrency.py
 
 mutation: $(STAMP)
 	$(BIN)/python tests/mutation/run.py
