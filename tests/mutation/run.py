@@ -362,7 +362,7 @@ MUTANTS: list[Mutant] = [
         "store/settle.py",
         '    return bool(_fenced(claim).filter(recovery_point="")._raw_delete(claim.using))\n',
         "    return bool(_fenced(claim)._raw_delete(claim.using))\n",
-        tests=("tests/test_review_regressions.py", "tests/protocol/test_phases.py"),
+        tests=("tests/protocol/test_phase_records.py", "tests/protocol/test_phases.py"),
         what="release deletes a record whose phase committed",
     ),
     m(
@@ -491,7 +491,7 @@ MUTANTS: list[Mutant] = [
         "            and not self.connection.queries_logged"
         "  # the log shows what is sent, as sent\n",
         "",
-        tests=("tests/test_review_s19.py",),
+        tests=("tests/transactions/test_query_log.py",),
         backends=(PG,),
         what="releases held while Django logs queries (logged as statements without SQL)",
     ),
@@ -502,7 +502,9 @@ MUTANTS: list[Mutant] = [
         "        isinstance(active, ViewSavepoints) for active in connection.execute_wrappers\n"
         "    ):\n",
         '    if connection.vendor != "postgresql":\n',
-        tests=("tests/test_review_s19.py",),
+        tests=(
+            "tests/protocol/test_nested_views.py::test_an_idempotent_view_called_inside_another_runs_both_once",
+        ),
         backends=(PG,),
         what="a second savepoint wrapper for a view inside another's transaction",
         equivalent=(
@@ -519,7 +521,7 @@ MUTANTS: list[Mutant] = [
         "transactions/savepoints.py",
         "        if self._status() != _INTRANS:\n",
         "        if self._status() not in (_INTRANS, _INERROR):\n",
-        tests=("tests/test_review2_s19.py",),
+        tests=("tests/transactions/test_first_block.py",),
         backends=(PG,),
         what="held releases sent into a transaction a statement past the wrappers aborted",
     ),
@@ -529,7 +531,7 @@ MUTANTS: list[Mutant] = [
         "            name in self.placed  # a release of one destroyed meanwhile fails at once\n"
         "            and ",
         "            ",
-        tests=("tests/test_review3_s20.py",),
+        tests=("tests/transactions/test_savepoint_equivalence.py",),
         backends=(PG,),
         what="a release held for a savepoint a rollback destroyed (its error raised late)",
     ),
@@ -547,7 +549,7 @@ MUTANTS: list[Mutant] = [
         "transactions/savepoints.py",
         "        with self.connection.wrap_database_errors, raw.cursor() as cursor:\n",
         "        with self.connection.cursor() as cursor:\n",
-        tests=("tests/test_review3_s20.py",),
+        tests=("tests/transactions/test_savepoint_equivalence.py",),
         backends=(PG,),
         what="held releases sent through Django's wrappers and query log, late",
     ),
@@ -574,7 +576,7 @@ MUTANTS: list[Mutant] = [
         "transactions/savepoints.py",
         "        if ours is None and (not isinstance(sql, str) or _ENDS_SAVEPOINTS.search(sql)):\n",
         "        if False:\n",
-        tests=("tests/test_review4_s20.py",),
+        tests=("tests/transactions/test_held_releases.py",),
         backends=(PG,),
         what="releases still held after SQL of the view's own rolled back their savepoints",
     ),
@@ -583,7 +585,7 @@ MUTANTS: list[Mutant] = [
         "transactions/savepoints.py",
         "        if self._status() != _INTRANS:\n            # Aborted by a statement past",
         "        if self._status() == _INERROR:\n            # Aborted by a statement past",
-        tests=("tests/test_review4_s20.py",),
+        tests=("tests/transactions/test_held_releases.py",),
         backends=(PG,),
         what="held releases sent on a closed connection (the wrong error raised)",
     ),
@@ -595,7 +597,7 @@ MUTANTS: list[Mutant] = [
         "                del connection.execute_wrappers[index]\n"
         "                break\n",
         "        connection.execute_wrappers.pop()\n",
-        tests=("tests/test_review4_s20.py",),
+        tests=("tests/transactions/test_held_releases.py",),
         backends=(PG,),
         what="the last wrapper removed, the view's own if it left one, not the app's",
     ),
@@ -604,7 +606,7 @@ MUTANTS: list[Mutant] = [
         "store/sql.py",
         "       by_presence, sweep_after AT TIME ZONE 'UTC' AS sweep_after\n",
         "       by_presence, sweep_after\n",
-        tests=("tests/test_review5_s21.py",),
+        tests=("tests/store/test_use_tz_false_fall_back.py",),
         backends=(PG,),
         what="the claim's partition key read as Django reads it (naive local, USE_TZ = False)",
     ),
@@ -613,7 +615,7 @@ MUTANTS: list[Mutant] = [
         "retention/sweeper.py",
         "                lock_timeout=None if report.dry_run else LOCK_TIMEOUT,\n",
         "                lock_timeout=None,\n",
-        tests=("tests/test_review6_s21.py",),
+        tests=("tests/retention/test_late_completions.py",),
         backends=(PG,),
         what="the sweeper's probe of a day does not wait for its writers (SHARE lock)",
     ),
@@ -622,7 +624,7 @@ MUTANTS: list[Mutant] = [
         "retention/partitions.py",
         "        if cursor.fetchone()[0]:\n            _attach(",
         "        if False:\n            _attach(",
-        tests=("tests/test_review6_s21.py",),
+        tests=("tests/retention/test_late_completions.py",),
         backends=(PG,),
         what="a detached day is dropped without a second probe (a late completion lost)",
     ),
@@ -632,7 +634,7 @@ MUTANTS: list[Mutant] = [
         "    if connection.alias in strict_databases:  # the server's default, seen by a claim\n"
         "        return True\n",
         "",
-        tests=("tests/test_review6_s21.py",),
+        tests=("tests/store/test_heartbeat_isolation.py",),
         backends=(PG,),
         what="heartbeats ignore a server default above READ COMMITTED found by a claim",
     ),
@@ -1028,7 +1030,7 @@ MUTANTS: list[Mutant] = [
         "        state = CASE WHEN m.attempts >= %(max)s THEN 'dead' ELSE m.state END,\n",
         "        state = CASE WHEN m.attempts + 1 >= %(max)s THEN 'dead' ELSE m.state END,\n",
         tests=(
-            "tests/test_review_regressions.py::"
+            "tests/outbox/test_relay_leases.py::"
             "test_a_message_that_kills_its_relay_is_dead_lettered_after_max_attempts",
         ),
         backends=(PG,),
@@ -1040,7 +1042,7 @@ MUTANTS: list[Mutant] = [
         "        else:\n            self._arm()\n",
         "",
         tests=(
-            "tests/test_review_regressions.py::"
+            "tests/outbox/test_relay_leases.py::"
             "test_a_slow_handler_does_not_make_delivered_messages_claimable_again",
         ),
         backends=(PG,),

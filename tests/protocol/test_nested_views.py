@@ -17,6 +17,7 @@ import pytest
 
 from django_idempotency.models import IdempotencyRecord, RecordState
 from tests.support.concurrency import Runner, token_client
+from tests.support.factories import TokenFactory
 from tests.support.testapp.gates import HOOKS
 from tests.support.testapp.models import Widget
 
@@ -156,3 +157,26 @@ def test_a_request_routed_while_the_view_runs_is_a_request_of_its_own(api, alice
     response = api.post("/widgets", {"name": "a"}, format="json", HTTP_IDEMPOTENCY_KEY=key)
     assert response.status_code == 201 and answers == [409]
     assert Widget.objects.count() == 1
+
+
+@pytest.mark.postgres
+def test_an_idempotent_view_called_inside_another_runs_both_once():
+    """docs/faq.md: an idempotent view called from inside another one's transaction is
+    supported (the app's own blocks are not outer blocks). The inner view has two blocks
+    one after the other; the outer one runs a statement after it returns."""
+    token = TokenFactory(user__username="nested-views")
+    client = token_client(token.key)
+    client.raise_request_exception = False
+    response = client.post(
+        "/nested/outer",
+        {"inner_key": str(uuid.uuid4())},
+        format="json",
+        HTTP_IDEMPOTENCY_KEY=str(uuid.uuid4()),
+    )
+    assert response.status_code == 201, response.content
+    assert response.json() == {"inner": 201, "count": 2}
+    assert sorted(Widget.objects.values_list("name", flat=True)) == ["inner-1", "inner-2"]
+    assert sorted(IdempotencyRecord.objects.values_list("state", flat=True)) == [
+        "completed",
+        "completed",
+    ]

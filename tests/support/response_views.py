@@ -1,4 +1,8 @@
-"""Helper views of tests/test_review5_s21.py (wired with ``pytest.mark.urls``)."""
+"""Views answering binary, latin-1, empty, sized and described bodies, writing in
+``on_commit`` callbacks and nested blocks, and failing once while duplicates wait
+(tests/protocol/test_replay_fidelity.py, tests/transactions/test_on_commit.py,
+tests/transactions/test_nested_blocks.py, tests/protocol/test_released_waiters.py;
+wired with ``pytest.mark.urls``)."""
 
 from __future__ import annotations
 
@@ -109,12 +113,12 @@ def flaky_wait(request: Any) -> Any:
 
 
 urlpatterns = [
-    path("s21/flaky-wait", flaky_wait),
-    path("s21/binary", binary),
-    path("s21/latin1", latin1),
-    path("s21/no-content", no_content),
-    path("s21/sized", sized),
-    path("s21/described", described),
-    path("s21/on-commit", on_commit_view),
-    path("s21/caught-integrity", caught_integrity),
+    path("responses/flaky-wait", flaky_wait),
+    path("responses/binary", binary),
+    path("responses/latin1", latin1),
+    path("responses/no-content", no_content),
+    path("responses/sized", sized),
+    path("responses/described", described),
+    path("responses/on-commit", on_commit_view),
+    path("responses/caught-integrity", caught_integrity),
 ]

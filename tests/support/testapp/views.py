@@ -466,12 +466,12 @@ def gate_then_write(request):
     return Response({"name": request.data.get("name", "gated")}, status=201)
 
 
-# --- Review s19: an idempotent view called from inside another one (tests/test_review_s19.py)
+# --- An idempotent view called from inside another one (tests/protocol/test_nested_views.py)
 
 
 @csrf_exempt
 @idempotent
-def review_inner_two_blocks(request: HttpRequest) -> HttpResponse:
+def nested_inner_two_blocks(request: HttpRequest) -> HttpResponse:
     """Two blocks one after the other, as any view may have."""
     with _transaction.atomic():
         Widget.objects.create(name="inner-1")
@@ -482,26 +482,26 @@ def review_inner_two_blocks(request: HttpRequest) -> HttpResponse:
 
 @api_view(["POST"])
 @idempotent
-def review_outer_calls_inner(request):
+def nested_outer_calls_inner(request):
     """Calls another idempotent view (its own key) inside its transaction, then reads."""
     from django.test import RequestFactory
 
     inner = RequestFactory().post(
-        "/review/inner", {}, HTTP_IDEMPOTENCY_KEY=request.data["inner_key"]
+        "/nested/inner", {}, HTTP_IDEMPOTENCY_KEY=request.data["inner_key"]
     )
     inner.user = request.user
     inner._dont_enforce_csrf_checks = True
-    inner_response = review_inner_two_blocks(inner)
+    inner_response = nested_inner_two_blocks(inner)
     count = Widget.objects.count()  # any statement after the inner view
     return Response({"inner": inner_response.status_code, "count": count}, status=201)
 
 
-# --- Review 2 s19: the first savepoint carrying the BEGIN (tests/test_review2_s19.py)
+# --- Views whose first statement opens a block (tests/transactions/test_first_block.py)
 
 
 @api_view(["POST"])
 @idempotent(required=False)
-def review2_lock_iterate(request):
+def first_block_lock_iterate(request):
     """A block first (its SAVEPOINT is the transaction's first statement), then the
     common batch shape: lock the rows and walk them with ``.iterator()``."""
     with _transaction.atomic():
@@ -512,7 +512,7 @@ def review2_lock_iterate(request):
 
 @api_view(["POST"])
 @idempotent(required=False)
-def review2_copy_caught(request):
+def first_block_copy_caught(request):
     """A COPY that fails (bad data) inside a block, caught; a block that closed just
     before it. The view then writes again and answers 201."""
     import psycopg
@@ -536,7 +536,7 @@ def review2_copy_caught(request):
 
 @api_view(["POST"])
 @idempotent(required=False, lease=30)
-def review2_block_then(request):
+def first_block_block_then(request):
     """A block first (its SAVEPOINT carries the BEGIN), the during_view hook, then the
     outcome asked for in the body: raise, a status, or set_rollback(True)."""
     with _transaction.atomic():
@@ -552,7 +552,7 @@ def review2_block_then(request):
     return Response({"mode": mode}, status=int(request.data.get("status", 201)))
 
 
-# --- Review 3 s20: any scenario, keyed or not (tests/test_review3_s20.py)
+# --- Any scenario, keyed or not (tests/transactions/test_savepoint_equivalence.py)
 
 
 @api_view(["POST"])

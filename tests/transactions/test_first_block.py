@@ -1,7 +1,8 @@
-"""Review 2 of s19: the view's savepoints (``django_idempotency.savepoints``) against
-real PostgreSQL: a first savepoint that once carried the transaction's BEGIN (psycopg
-switched to autocommit while Django believed it was inside its block: removed), the held
-releases, and the connection each failure leaves for the next request."""
+"""Views whose first statement opens a block (a savepoint first) on real PostgreSQL:
+the view's transaction starts as Django believes it does (psycopg never switched to
+autocommit inside Django's block), its held releases are sent in order, and every
+failure (an error, a 503, a takeover, a killed connection) leaves a fresh connection
+for the next request."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 
 def post(path: str, key: str | None, data: dict[str, Any] | None = None) -> Any:
-    token = TokenFactory(user__username=f"r2-{uuid.uuid4().hex[:8]}")
+    token = TokenFactory(user__username=f"first-block-{uuid.uuid4().hex[:8]}")
     headers = {"HTTP_IDEMPOTENCY_KEY": key} if key else {}
     return token_client(token.key).post(path, data or {}, format="json", **headers)
 
@@ -33,11 +34,11 @@ def test_a_locking_iterator_works_in_a_view_whose_first_statement_is_a_savepoint
     """Django declares ``.iterator()``'s server-side cursor ``WITH HOLD`` when the
     *psycopg* connection is in autocommit (``withhold=self.connection.autocommit`` in
     django/db/backends/postgresql/base.py), and PostgreSQL refuses ``WITH HOLD`` with
-    ``FOR UPDATE``. A view's first savepoint once carried the transaction's ``BEGIN`` by
-    switching psycopg to autocommit while the view ran in the app's transaction, which
-    made this view fail with a 500 (NotSupportedError); psycopg now stays as Django set
+    ``FOR UPDATE``. The view's first savepoint must not carry the transaction's ``BEGIN``
+    by switching psycopg to autocommit while the view runs in the app's transaction
+    (this view would fail with a 500, NotSupportedError): psycopg stays as Django set
     it, and the view, whose first statement is a savepoint, works."""
-    keyed = post("/review2/lock-iterate", str(uuid.uuid4()))
+    keyed = post("/first-block/lock-iterate", str(uuid.uuid4()))
     assert keyed.status_code == 201, keyed.content[:300]
     assert keyed.json() == {"names": ["first"]}
     assert IdempotencyRecord.objects.get().state == "completed"
@@ -52,25 +53,21 @@ def test_a_caught_failing_copy_after_a_closed_block_keeps_the_views_writes():
     whole app block is marked for rollback. The view's next write then raises
     (``TransactionManagementError``): a 500 and the view's committed-before writes lost,
     where without the held release the view answers 201 and keeps them."""
-    unkeyed = post("/review2/copy-caught", None)
+    unkeyed = post("/first-block/copy-caught", None)
     assert unkeyed.status_code == 201, unkeyed.content
     assert sorted(Widget.objects.values_list("name", flat=True)) == ["after", "kept"]
     Widget.objects.all().delete()
     with CaptureQueriesContext(connection):  # the control: while logging, nothing is held
-        control = post("/review2/copy-caught", str(uuid.uuid4()))
+        control = post("/first-block/copy-caught", str(uuid.uuid4()))
     assert control.status_code == 201, control.content[:300]
     assert sorted(Widget.objects.values_list("name", flat=True)) == ["after", "kept"]
     Widget.objects.all().delete()
     IdempotencyRecord.objects.all().delete()
-    keyed = post("/review2/copy-caught", str(uuid.uuid4()))
+    keyed = post("/first-block/copy-caught", str(uuid.uuid4()))
     assert keyed.status_code == 201, keyed.content[:300]
     assert sorted(Widget.objects.values_list("name", flat=True)) == ["after", "kept"]
     assert IdempotencyRecord.objects.get().state == "completed"
     assert connection.get_autocommit() and connection.connection.autocommit is True
-
-
-# --- What held up: for a view that opens a block first, each way the request
-# can end leaves the connection as a fresh one, and nothing of the view half-committed.
 
 
 @pytest.fixture(autouse=True)
@@ -100,7 +97,7 @@ def assert_fresh() -> None:
     with admin_connection() as admin:
         seen = admin.execute("SELECT count(*) FROM testapp_widget WHERE name = %s", [name])
         assert seen.fetchone() == (1,)
-    again = post("/review2/block-then", str(uuid.uuid4()))
+    again = post("/first-block/block-then", str(uuid.uuid4()))
     assert again.status_code == 201, again.content[:300]
 
 
@@ -110,17 +107,17 @@ def test_the_two_step_completion_of_a_view_that_opens_a_block_first(
     """The server's default isolation is stricter (store_isolation.strict_databases): no COMMIT
     with the completion; the COMMIT goes on its own at the block's exit."""
     monkeypatch.setattr(store_isolation, "strict_databases", {"default"})
-    assert post("/review2/block-then", str(uuid.uuid4())).status_code == 201
+    assert post("/first-block/block-then", str(uuid.uuid4())).status_code == 201
     assert committed() == ["first", "last"]
     assert IdempotencyRecord.objects.get().state == "completed"
     assert_fresh()
-    assert post("/review2/block-then", str(uuid.uuid4()), {"mode": "raise"}).status_code == 500
+    assert post("/first-block/block-then", str(uuid.uuid4()), {"mode": "raise"}).status_code == 500
     assert_fresh()
 
 
 @pytest.mark.parametrize(("data", "status"), [({"mode": "raise"}, 500), ({"status": 503}, 503)])
 def test_a_failure_after_a_view_that_opens_a_block_first_leaves_a_fresh_connection(data, status):
-    assert post("/review2/block-then", str(uuid.uuid4()), data).status_code == status
+    assert post("/first-block/block-then", str(uuid.uuid4()), data).status_code == status
     assert committed() == [] and not IdempotencyRecord.objects.exists()
     assert_fresh()
 
@@ -134,7 +131,7 @@ def test_a_takeover_after_a_view_that_opens_a_block_first_commits_nothing():
             )
 
     HOOKS["during_view"] = fence
-    assert post("/review2/block-then", str(uuid.uuid4())).status_code == 409
+    assert post("/first-block/block-then", str(uuid.uuid4())).status_code == 409
     HOOKS.clear()
     assert committed() == []
     assert_fresh()
@@ -142,7 +139,7 @@ def test_a_takeover_after_a_view_that_opens_a_block_first_commits_nothing():
 
 def test_a_connection_killed_after_a_view_that_opens_a_block_first():
     HOOKS["during_view"] = lambda request: terminate(connection.connection.info.backend_pid)
-    assert post("/review2/block-then", str(uuid.uuid4())).status_code in (500, 503)
+    assert post("/first-block/block-then", str(uuid.uuid4())).status_code in (500, 503)
     HOOKS.clear()
     assert committed() == []
     assert_fresh()

@@ -1,10 +1,13 @@
-"""The view's held savepoint releases (``django_idempotency.savepoints``) attacked again
-on real PostgreSQL, by a second review of the release-holding. Each scenario runs twice through
-tests/test_review3_s20.py's ``same()``: as plain code inside one
+"""The view's held ``RELEASE SAVEPOINT`` statements (``django_idempotency.transactions.savepoints``)
+on real PostgreSQL: wrappers of the view's own, savepoints destroyed by the view's own
+SQL, connections closed or killed while a release is held, query logging switched on or
+off, savepoint ids reused, other aliases, ``set_autocommit``, async views, COPY and
+pipelines after a held release. Each scenario runs twice through
+tests/support/savepoint_scenarios.py's ``same()``: as plain code inside one
 ``transaction.atomic()``, and inside it with the app's wrapper installed as
 ``execution._execute_atomic`` installs it; some also end to end, keyed, through
-``/savepoints/scenario``. What the view sees, what commits and what is raised must be
-the same."""
+``/savepoints/scenario``. What the view sees, what commits and what is raised are the
+same."""
 
 from __future__ import annotations
 
@@ -48,9 +51,6 @@ def _clean_wrappers() -> Any:
     assert not any(isinstance(w, savepoints.ViewSavepoints) for w in leftover), leftover
 
 
-# --- Wrappers of the view's own installed and removed out of order -------------------------
-
-
 def passthrough(execute: Any, sql: Any, params: Any, many: bool, context: Any) -> Any:
     return execute(sql, params, many, context)
 
@@ -66,7 +66,7 @@ def test_a_wrapper_the_view_leaves_installed_does_not_leave_the_apps_behind():
     """A view enters an execute wrapper's context and never leaves it (a profiler
     started in the view and stopped by a signal that never fired, an ExitStack kept on
     the request). Without the app, that pass-through wrapper stays on the connection,
-    harmless; so it must with the app, and the app's wrapper must go. (The review found
+    harmless; so it must with the app, and the app's wrapper must go. (What this rules out:
     the app's exit, through ``execute_wrapper``, popping the *last* wrapper: the view's
     went and ``ViewSavepoints`` stayed for good, holding releases in later transactions
     that nobody dropped, sent outside any transaction before a later statement, which
@@ -98,7 +98,7 @@ def test_a_wrapper_the_view_leaves_installed_does_not_leave_the_apps_behind():
 def test_a_wrapper_entered_in_the_view_and_left_after_it_sees_the_on_commit_statements():
     """A wrapper the view enters and code after the view leaves (middleware's
     process_response, request_finished) sees every statement until then, the
-    ``on_commit`` callbacks' too, without the app, and so with it. (The review found the
+    ``on_commit`` callbacks' too, without the app, and so with it. (What this rules out: the
     app's exit popping the view's wrapper in place of its own: the on_commit INSERT was
     not seen.)"""
     seen, record = recording()
@@ -129,9 +129,6 @@ def test_a_wrapper_entered_in_the_view_and_left_after_it_sees_the_on_commit_stat
     keyed = outcome(post_keyed)
     # the keyed run also has the record's statements: compare the view's INSERTs
     assert keyed.count("INSERT") == baseline.count("INSERT") == 2, (baseline, keyed)
-
-
-# --- Savepoints destroyed by statements the wrapper does not read --------------------------
 
 
 def rolled_back_unseen(rollback: Callable[[str], None]) -> Callable[[], Any]:
@@ -198,7 +195,7 @@ def test_a_release_of_a_savepoint_destroyed_unseen_fails_at_the_block_exit(destr
     InvalidSavepointSpecification there, and its transaction is doomed (Django marks it
     for rollback): nothing commits. So it must with the app: SQL of the view's own that
     may release or roll back savepoints stops the wrapper holding releases of those
-    placed before it. (The review found the wrapper holding the release of the
+    placed before it. (What this rules out: the wrapper holding the release of the
     destroyed savepoint: the block exited cleanly and the view's writes committed.)"""
     assert same(rolled_back_unseen(destroy)) == ("ok", "InvalidSavepointSpecification", [])
 
@@ -216,9 +213,6 @@ def test_a_savepoint_destroyed_unseen_end_to_end():
     assert committed() == []
 
 
-# --- The connection closed or killed while a release is held --------------------------------
-
-
 def close_then_statement_on_an_open_cursor() -> Any:
     """A cursor opened before, a block, ``connection.close()``, then the cursor used."""
     with connection.cursor() as cursor:
@@ -234,7 +228,7 @@ def close_then_statement_on_an_open_cursor() -> Any:
 
 def test_a_statement_after_close_raises_as_without_the_app():
     """Django refuses the statement (TransactionManagementError: the transaction is
-    broken), with the app too. (The review found the held release sent first, on the
+    broken), with the app too. (What this rules out: the held release sent first, on the
     closed driver connection: an OperationalError came out instead.)"""
     same(close_then_statement_on_an_open_cursor)
 
@@ -281,9 +275,6 @@ def test_a_connection_killed_while_a_release_is_held_end_to_end():
     assert outcomes[0] == outcomes[1] == 500, outcomes
     assert committed() == []
     assert IdempotencyRecord.objects.filter(state="completed").count() == 0
-
-
-# --- Logging, wrappers and re-entrancy ------------------------------------------------------
 
 
 def logging_switched_on_after_a_release() -> Any:
@@ -398,9 +389,6 @@ def test_a_wrapper_around_the_apps_that_runs_sql_of_its_own():
     assert outcomes[0][0] == ("ok", 2, ["a", "b"])
 
 
-# --- Manual savepoints, counters, other aliases ---------------------------------------------
-
-
 def counter_reset_mid_view() -> Any:
     """``transaction.clean_savepoints()`` resets the id counter: names repeat."""
     with transaction.atomic():
@@ -488,7 +476,7 @@ def test_an_async_view_with_blocks_end_to_end(settings):
     token_mod = __import__("tests.support.factories", fromlist=["TokenFactory"])
     from tests.support.concurrency import token_client
 
-    token = token_mod.TokenFactory(user__username=f"r4-{uuid.uuid4().hex[:8]}")
+    token = token_mod.TokenFactory(user__username=f"held-releases-{uuid.uuid4().hex[:8]}")
     client = token_client(token.key)
     key = str(uuid.uuid4())
     first = client.post("/async", {}, format="json", HTTP_IDEMPOTENCY_KEY=key)

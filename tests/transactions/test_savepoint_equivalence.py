@@ -1,14 +1,15 @@
-"""The view's held savepoint releases (``django_idempotency.savepoints``) attacked on
-real PostgreSQL, by a review. Each scenario runs twice: as the same code inside one
-``transaction.atomic()`` (what the view does without the app), and inside it with the
+"""The view's savepoint wrapper (``django_idempotency.transactions.savepoints``) changes
+nothing a view sees, on real PostgreSQL. Each scenario runs twice: as the same code inside
+one ``transaction.atomic()`` (what the view does without the app), and inside it with the
 app's wrapper installed as ``execution._execute_atomic`` installs it
 (``savepoints.view_savepoints`` and ``drop()`` before the end); some also end to end,
 keyed, through ``/savepoints/scenario`` (tests/support/testapp/views.py::savepoint_scenario).
-What the view sees, what commits and what is raised must be the same.
+What the view sees, what commits and what is raised are the same.
 
-The review attacked a version that also held the view's first ``SAVEPOINT`` and sent
-held statements in one query with the next one; that version was withdrawn (see
-docs/benchmarks.md), and these tests hold for the one kept."""
+The scenarios: the view's own SQL that starts like the wrapper's (SAVEPOINT, RELEASE),
+psycopg's pipeline mode, COPY, the view's own execute wrappers and captured queries,
+cursor results, callproc, streams, NOWAIT, statement timeouts, manual savepoints,
+durable blocks, ``on_commit``, ``set_rollback`` and connections closed in a block."""
 
 from __future__ import annotations
 
@@ -38,8 +39,6 @@ from tests.support.savepoint_scenarios import (  # noqa: F401  (the autouse fixt
 from tests.support.testapp.models import Widget
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True), pytest.mark.pooled]
-
-# --- What the review found ---------------------------------------------------------------
 
 
 def raw_savepoint_then_insert() -> Any:
@@ -84,8 +83,9 @@ def raw_release_then_insert() -> Any:
 
 
 def test_a_multi_statement_sql_starting_with_release_is_run():
-    """SQL of the view's own that starts like Django's release is not held (a prefix
-    match once held it and dropped it before the completion: the INSERT never ran)."""
+    """SQL of the view's own that starts like Django's release is not held: a
+    prefix match would hold it and drop it before the completion, and the INSERT would
+    never run."""
     assert same(raw_release_then_insert) == ("ok", "done", ["first", "raw"])
 
 
@@ -251,9 +251,6 @@ def test_queries_captured_after_a_block_are_the_views():
     """One query, the view's SELECT: the block's held release is not logged there (it
     once was, so ``assertNumQueries(1)`` failed)."""
     assert same(captured_after_a_block) == ("ok", ["SELECT"], ["a"])
-
-
-# --- More attacks (regression tests) ----------------------------------------------------
 
 
 def cursor_result(sql: str, params: Any = None, sets: int = 0) -> Callable[[], Any]:
@@ -441,8 +438,8 @@ def manual_savepoints() -> Any:
 def test_manual_savepoints_out_of_order():
     """Releasing a savepoint that a rollback to an outer one destroyed: without the app
     the release fails where it is made (caught by the view), and so it does here: only
-    the release of a savepoint still standing is held (one was once held, and failed
-    with the next statement, uncaught)."""
+    the release of a savepoint still standing is held (held, the destroyed one's would
+    fail with the next statement, uncaught)."""
     assert same(manual_savepoints) == ("ok", "InvalidSavepointSpecification", ["kept"])
 
 

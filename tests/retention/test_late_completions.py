@@ -1,8 +1,8 @@
-"""A review's tests on PostgreSQL, real threads and sessions: the sweeper against late
-completions, and heartbeats under a server default above READ COMMITTED.
-
-Every test's docstring says what is expected and where the docs promise it.
-"""
+"""The sweeper against late completions, on PostgreSQL with real threads and sessions:
+a completion that commits during a sweep, behind a timed-out detach, before the sweep,
+or begins after the sweeper's probe, is never dropped with its day: the record stays
+and the retry replays (docs/retention.md, "A late completion stays replayable",
+"Dropping a day")."""
 
 from __future__ import annotations
 
@@ -16,19 +16,21 @@ from typing import Any
 import pytest
 from django.db import connection, connections, transaction
 
-from django_idempotency import exceptions, retention, store, testing
+from django_idempotency import retention, store, testing
 from django_idempotency.models import IdempotencyRecord, RecordState
 from django_idempotency.retention import sweeper
-from django_idempotency.store import isolation as store_isolation
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
+
 DAY = 86400.0
+
+
 FP = "c" * 64
 
 
 def _scope(key: str | None = None) -> store.Scope:
-    return store.Scope("auth.user:6", "POST /review6", key or str(uuid.uuid4()))
+    return store.Scope("auth.user:6", "POST /late-completion", key or str(uuid.uuid4()))
 
 
 def _wait_until(predicate: Any, timeout: float = 20.0) -> bool:
@@ -110,9 +112,6 @@ class _Session(threading.Thread):
             connections.close_all()
 
 
-# --- 1. the sweeper against a late completion ---------------------------------------
-
-
 def test_a_late_completion_committing_during_a_sweep_is_not_dropped_with_its_day() -> None:
     """A claim whose window ended on an earlier UTC day (its lease too: the owner ran
     long, nobody retried) completes *while* the sweeper works on that day: the owner's
@@ -128,10 +127,10 @@ def test_a_late_completion_committing_during_a_sweep_is_not_dropped_with_its_day
     and retention.py ("unless a record in it is still inside its window (expires_at >
     now: a takeover, a heartbeat or a late completion pushed it)").
 
-    It used to be dropped: the probe (``holds_live_records``) read ``expires_at`` before
-    the completion committed, then ``DETACH PARTITION ... CONCURRENTLY`` waited for the
-    owner's transaction and the day went with the completed record in it. The probe now
-    takes the partition's SHARE lock first, which waits for the owner's transaction.
+    How: the probe (``holds_live_records``) takes the partition's SHARE lock first, which
+    waits for the owner's transaction; a probe that read ``expires_at`` before the
+    completion committed would let ``DETACH PARTITION ... CONCURRENTLY`` wait for the
+    owner's transaction and drop the day with the completed record in it.
     """
     if not sweeper.is_partitioned(connection):
         pytest.skip("partitioned table only")
@@ -157,44 +156,6 @@ def test_a_late_completion_committing_during_a_sweep_is_not_dropped_with_its_day
     assert isinstance(retry, store.Existing) and retry.completed
 
 
-# --- 2. a server default isolation level and heartbeats -----------------------------
-
-
-@pytest.mark.urls("tests.support.urls")
-def test_a_heartbeat_on_a_server_defaulting_to_repeatable_read_is_refused_not_fenced(
-    server_repeatable_read: None, api: Any
-) -> None:
-    """The database server defaults to REPEATABLE READ (``ALTER DATABASE ... SET
-    default_transaction_isolation``); Django's OPTIONS say nothing. The first claim
-    detects it (the partitioned claim function refuses to run there, the store then
-    claims in its own READ COMMITTED transaction). The ``/heartbeat`` view writes a
-    row, then calls ``request.idempotency.extend_lease(60)``; nobody else touches the
-    key.
-
-    Expected: what the docs promise "above READ COMMITTED" whether set by Django's
-    ``OPTIONS["isolation_level"]`` "or a server default such as ALTER DATABASE ... SET
-    default_transaction_isolation, detected by the first claim that meets it"
-    (docs/retention.md, "Isolation levels"): "Heartbeats are refused ... it raises
-    exceptions.HeartbeatUnavailable with an explanation" -- exactly what the same view does
-    when the level comes from OPTIONS (tests/store/test_edges.py,
-    test_a_heartbeat_is_refused_clearly_at_stricter_levels). In no case may a request
-    that nobody took over be answered 409 ``lease-lost`` (docs/retention.md,
-    "Fencing": 409 only for a record "taken over while the view ran").
-
-    It used to be: ``store.extend`` and ``heartbeat.available`` looked only at Django's
-    OPTIONS; the heartbeat committed beside the view's REPEATABLE READ transaction and
-    the completion failed to serialize (409 lease-lost on every attempt).
-    """
-    key = str(uuid.uuid4())
-    warm = api.post("/widgets", {"name": "w"}, format="json", HTTP_IDEMPOTENCY_KEY=key)
-    assert warm.status_code == 201, warm.content
-    assert "default" in store_isolation.strict_databases  # the claim saw the server's default
-    key = str(uuid.uuid4())
-    with pytest.raises(exceptions.HeartbeatUnavailable, match="READ COMMITTED"):
-        api.post("/heartbeat", {}, format="json", HTTP_IDEMPOTENCY_KEY=key)
-    assert not IdempotencyRecord.objects.filter(key=key).exists()  # released, not fenced
-
-
 def test_a_late_completion_behind_a_timed_out_detach_is_not_forgotten(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -211,9 +172,9 @@ def test_a_late_completion_behind_a_timed_out_detach_is_not_forgotten(
     its (extended) window or lease is kept (held)". So the retry replays, and the next
     sweep holds the day.
 
-    It used to be forgotten: the cancelled detach left the partition "detach pending",
-    where claims no longer saw the completed record, and the next sweep dropped it
-    without a probe. The probe's lock wait now times out instead, before any detach.
+    How: the probe's lock wait times out, before any detach; a cancelled detach would
+    leave the partition "detach pending", where claims no longer see the completed
+    record, and the next sweep would drop it without a probe.
     """
     if not sweeper.is_partitioned(connection):
         pytest.skip("partitioned table only")
