@@ -9,8 +9,9 @@
 # (pin Django / DRF, e.g. "Django>=4.2,<5.0"), DATABASE_URL (the suite's and the demo's
 # database), STRESS_SCALE (make stress: fraction of its rounds, e.g. 0.3 in CI),
 # PYTEST_ARGS (extra pytest arguments, e.g. a module or -k).
-# make test-pgbouncer   the pooler pass: POOLED_TESTS through PgBouncer in transaction
-#                       pooling mode (needs DATABASE_URL=postgres://...; docs/contributing/index.md)
+# make test-pgbouncer   the pooler pass: the tests marked pooled, through PgBouncer in
+#                       transaction pooling mode (needs DATABASE_URL=postgres://...;
+#                       docs/contributing/index.md)
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -18,13 +19,6 @@ DJANGO_SPEC ?=
 DRF_SPEC ?=
 STRESS_SCALE ?= 1
 PYTEST_ARGS ?=
-POOLED_TESTS ?= tests/test_pgbouncer.py tests/test_topology.py tests/test_relay_workers.py \
-	tests/test_store.py tests/test_concurrency.py tests/test_phases.py tests/test_relay.py \
-	tests/test_relay_concurrency.py tests/test_retention.py tests/test_edges.py \
-	tests/test_wire.py tests/test_outbox.py tests/test_databases.py tests/test_presence.py \
-	tests/test_claim_commit.py tests/test_inbox_calls.py tests/test_relay_marks.py \
-	tests/test_relay_pool.py tests/test_savepoints.py tests/test_view_transactions.py \
-	tests/test_review3_s20.py tests/test_review4_s20.py
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
@@ -46,14 +40,14 @@ test: $(STAMP)
 
 test-pgbouncer: $(STAMP)
 	@case "$$DATABASE_URL" in postgres*) ;; *) echo "make test-pgbouncer needs PostgreSQL: DATABASE_URL=postgres://... make test-pgbouncer"; exit 2;; esac
-	.ci/pgbouncer.sh run $(BIN)/python -m pytest -p tests.pgbouncer $(POOLED_TESTS) $(PYTEST_ARGS)
+	.ci/pgbouncer.sh run $(BIN)/python -m pytest -p tests.support.pgbouncer -m pooled $(PYTEST_ARGS)
 
 storm: $(STAMP)
 	$(BIN)/python example_project/storm.py
 
 stress: $(STAMP)
 	@case "$$DATABASE_URL" in postgres*) ;; *) echo "make stress needs PostgreSQL: DATABASE_URL=postgres://... make stress"; exit 2;; esac
-	$(BIN)/python -m pytest --stress --stress-scale $(STRESS_SCALE) tests/test_concurrency.py
+	$(BIN)/python -m pytest --stress --stress-scale $(STRESS_SCALE) tests/store/test_concurrency.py
 
 # The sdist and wheel in dist/, checked, and the wheel installed in a fresh venv under
 # the example project's checks and demo (.ci/package.sh).

@@ -8,7 +8,7 @@
 #
 # `make test-pgbouncer` runs the pooler pass of the suite with `run`: the test
 # databases are created directly on DATABASE_URL's server, the tests' connections go
-# through the pooler (tests/pgbouncer.py).
+# through the pooler (tests/support/pgbouncer.py).
 #
 # Variables: PGBOUNCER_PORT (6433: a system PgBouncer may hold 6432), PGBOUNCER_DIR (its
 # config, pidfile and log; default /tmp/django-idempotency-pgbouncer-$PGBOUNCER_PORT),

@@ -10,8 +10,9 @@ from django.db import connection, connections, transaction
 from rest_framework.test import APIClient
 
 from django_idempotency.store import isolation as store_isolation
-from tests.factories import TokenFactory
-from tests.testapp.gates import GATES, HOOKS, Gate
+from tests.support.clients import client_for
+from tests.support.factories import TokenFactory
+from tests.support.testapp.gates import GATES, HOOKS, Gate
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -127,12 +128,6 @@ def alice(db: Any) -> Any:
 @pytest.fixture
 def bob(db: Any) -> Any:
     return TokenFactory(user__username="bob")
-
-
-def client_for(token: Any) -> APIClient:
-    client = APIClient()
-    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
-    return client
 
 
 @pytest.fixture

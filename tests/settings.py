@@ -16,7 +16,7 @@ DEBUG = False
 USE_TZ = True
 TIME_ZONE = "UTC"
 ALLOWED_HOSTS = ["*"]
-ROOT_URLCONF = "tests.urls"
+ROOT_URLCONF = "tests.support.urls"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 DATABASES = {"default": env.db("DATABASE_URL", default="sqlite:///:memory:")}
@@ -27,13 +27,13 @@ if DATABASES["default"]["ENGINE"].endswith("postgresql"):
         "NAME": env("PG_TEST_NAME", default=f"test_django_idempotency_{_checkout}")
     }
     # A second real database on the same server, for the read-replica tests
-    # (tests/test_topology.py): created only when a collected test asks for it.
+    # (tests/store/test_replica_router.py): created only when a collected test asks for it.
     DATABASES["replica"] = {
         **DATABASES["default"],
         "TEST": {"NAME": f"{DATABASES['default']['TEST']['NAME']}_replica"},
     }
     # Another primary, for records kept apart from the views' rows, tenant shards and
-    # writes to the wrong database (tests/test_databases.py).
+    # writes to the wrong database (tests/store/test_routing.py).
     DATABASES["shard"] = {
         **DATABASES["default"],
         "TEST": {"NAME": f"{DATABASES['default']['TEST']['NAME']}_shard"},
@@ -59,7 +59,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "rest_framework.authtoken",
     "django_idempotency",
-    "tests.testapp",
+    "tests.support.testapp",
 ]
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",

@@ -5,7 +5,7 @@ import uuid
 import pytest
 from django.test import Client
 
-from tests.factories import UserFactory
+from tests.support.factories import UserFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -56,7 +56,7 @@ def test_filters_list_only_the_matching_records(staff_client):
     from django_idempotency.models import RecordState
     from django_idempotency.retention import partitions
     from django_idempotency.store.catalog import is_partitioned
-    from tests.factories import IdempotencyRecordFactory
+    from tests.support.factories import IdempotencyRecordFactory
 
     now = timezone.now()
     before = now - dt.timedelta(days=2)

@@ -12,10 +12,10 @@ from django.utils import timezone
 
 from django_idempotency import exceptions, store
 from django_idempotency.models import IdempotencyRecord, OutboxMessage, RecordState
-from tests.concurrency import Runner, token_client
-from tests.factories import IdempotencyRecordFactory, TokenFactory, UserFactory
-from tests.testapp.gates import GATES, Gate
-from tests.testapp.models import Widget
+from tests.support.concurrency import Runner, token_client
+from tests.support.factories import IdempotencyRecordFactory, TokenFactory, UserFactory
+from tests.support.testapp.gates import GATES, Gate
+from tests.support.testapp.models import Widget
 
 BASE = "/admin/django_idempotency/idempotencyrecord/"
 OUTBOX = "/admin/django_idempotency/outboxmessage/"

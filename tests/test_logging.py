@@ -11,8 +11,8 @@ from django.db import connection, transaction
 
 from django_idempotency import logging as idem_logging
 from django_idempotency.models import IdempotencyRecord
-from tests.conftest import client_for
-from tests.testapp.gates import HOOKS
+from tests.support.clients import client_for
+from tests.support.testapp.gates import HOOKS
 
 pytestmark = pytest.mark.django_db
 

@@ -19,8 +19,8 @@ from django_idempotency.metrics import InMemoryMetrics
 from django_idempotency.models import OutboxMessage, OutboxState
 from django_idempotency.outbox import relay
 from django_idempotency.testing import travel
-from tests.conftest import client_for
-from tests.testapp.gates import HOOKS
+from tests.support.clients import client_for
+from tests.support.testapp.gates import HOOKS
 
 pytestmark = pytest.mark.django_db
 

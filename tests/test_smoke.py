@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.testapp.models import Widget
+from tests.support.testapp.models import Widget
 
 pytestmark = pytest.mark.django_db
 

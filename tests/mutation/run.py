@@ -47,10 +47,10 @@ if not PG_URL.startswith("postgres"):
 PG, SQLITE = "pg", "sqlite"
 BOTH = (PG, SQLITE)
 
-GUARDS = "tests/test_protocol_guards.py"
-_MARKS = "tests/test_relay_marks.py"
-_STOPS = "tests/test_relay_stops.py"
-_OUTAGES = "tests/test_relay_outages.py"
+GUARDS = "tests/protocol/test_guards.py"
+_MARKS = "tests/outbox/test_marks.py"
+_STOPS = "tests/outbox/test_relay_stops.py"
+_OUTAGES = "tests/outbox/test_relay_outages.py"
 
 
 @dataclass(frozen=True)
@@ -107,15 +107,15 @@ _TAKE_OVER_FILTER = """            pk=existing.record_id,
             lease_until__lte=now_value(using),
 """
 
-EDGES = "tests/test_edges.py"
-NESTED = "tests/test_nested_views.py"
-RECEIVERS = "tests/test_inbox_receivers.py"
-DATABASES = "tests/test_databases.py"
-FINGERPRINT = "tests/test_fingerprint.py"
-REPLAY_HEADERS = "tests/test_replay_headers.py"
-SAVEPOINTS = "tests/test_savepoints.py"
-RETENTION = "tests/test_retention.py"
-VIEW_TX = "tests/test_view_transactions.py"
+EDGES = "tests/store/test_edges.py"
+NESTED = "tests/protocol/test_nested_views.py"
+RECEIVERS = "tests/inbox/test_receivers.py"
+DATABASES = "tests/store/test_routing.py"
+FINGERPRINT = "tests/protocol/test_fingerprint.py"
+REPLAY_HEADERS = "tests/protocol/test_replay_headers.py"
+SAVEPOINTS = "tests/transactions/test_savepoints.py"
+RETENTION = "tests/retention/test_sweeper.py"
+VIEW_TX = "tests/transactions/test_view_transactions.py"
 
 # PG_TAKEOVER_SQL's row lookup (_pg.py)
 _PG_TAKEOVER_WHERE = (
@@ -212,7 +212,7 @@ MUTANTS: list[Mutant] = [
             "# set on every row read\n",
             "",
         ),
-        tests=(GUARDS, "tests/test_concurrency.py", "tests/test_store.py"),
+        tests=(GUARDS, "tests/store/test_concurrency.py", "tests/store/test_state_machine.py"),
         backends=(SQLITE,),
         what="takeover without `owner_token = <the one read>` (ORM, SQLite)",
         equivalent=(
@@ -228,7 +228,7 @@ MUTANTS: list[Mutant] = [
         "store/sql.py",
         _PG_TAKEOVER_WHERE,
         _PG_TAKEOVER_WHERE.replace(" AND owner_token = %(token)s", ""),
-        tests=(GUARDS, "tests/test_concurrency.py", "tests/test_store.py"),
+        tests=(GUARDS, "tests/store/test_concurrency.py", "tests/store/test_state_machine.py"),
         backends=(PG,),
         what="takeover without `owner_token = <the one read>` (PG_TAKEOVER_SQL)",
         equivalent=(
@@ -243,7 +243,7 @@ MUTANTS: list[Mutant] = [
         "        .filter(pk=existing.record_id)\n",
         tests=(
             f"{GUARDS}::test_a_contender_that_read_before_another_took_over_does_not_win",
-            "tests/test_concurrency.py::test_concurrent_takeover_of_an_expired_lease_has_one_winner",
+            "tests/store/test_concurrency.py::test_concurrent_takeover_of_an_expired_lease_has_one_winner",
         ),
         backends=(SQLITE,),
         what="unconditional takeover: two executions (ORM, SQLite)",
@@ -255,7 +255,7 @@ MUTANTS: list[Mutant] = [
         "    WHERE id = %(id)s\n    FOR UPDATE SKIP LOCKED\n",
         tests=(
             f"{GUARDS}::test_a_contender_that_read_before_another_took_over_does_not_win",
-            "tests/test_concurrency.py::test_concurrent_takeover_of_an_expired_lease_has_one_winner",
+            "tests/store/test_concurrency.py::test_concurrent_takeover_of_an_expired_lease_has_one_winner",
         ),
         backends=(PG,),
         what="unconditional takeover (PG_TAKEOVER_SQL): two executions",
@@ -353,7 +353,7 @@ MUTANTS: list[Mutant] = [
         "store/settle.py",
         "        pk=claim.record_id, owner_token=claim.owner_token, state=RecordState.CLAIMED\n",
         "        pk=claim.record_id, state=RecordState.CLAIMED\n",
-        tests=("tests/test_store.py",),
+        tests=("tests/store/test_state_machine.py",),
         backends=(SQLITE,),
         what="fence without the owner token (SQLite completion, release, advance, suspend)",
     ),
@@ -362,7 +362,7 @@ MUTANTS: list[Mutant] = [
         "store/settle.py",
         '    return bool(_fenced(claim).filter(recovery_point="")._raw_delete(claim.using))\n',
         "    return bool(_fenced(claim)._raw_delete(claim.using))\n",
-        tests=("tests/test_review_regressions.py", "tests/test_phases.py"),
+        tests=("tests/protocol/test_phase_records.py", "tests/protocol/test_phases.py"),
         what="release deletes a record whose phase committed",
     ),
     m(
@@ -370,7 +370,7 @@ MUTANTS: list[Mutant] = [
         "store/settle.py",
         "    side = connection.in_atomic_block and claim.committed\n",
         "    side = False\n",
-        tests=("tests/test_store.py", "tests/test_concurrency.py"),
+        tests=("tests/store/test_state_machine.py", "tests/store/test_concurrency.py"),
         backends=(PG,),
         what="heartbeat inside the view's transaction, invisible until it commits",
     ),
@@ -381,7 +381,7 @@ MUTANTS: list[Mutant] = [
         "WHERE id = %(id)s AND owner_token = %(token)s AND state = 'claimed'\n",
         "    expires_at = GREATEST(expires_at, {_NOW} + %(seconds)s * interval '1 second')\n"
         "WHERE id = %(id)s AND state = 'claimed'\n",
-        tests=("tests/test_store.py",),
+        tests=("tests/store/test_state_machine.py",),
         backends=(PG,),
         what="heartbeat not fenced: a stale owner extends the new owner's lease (PG_EXTEND_SQL)",
     ),
@@ -424,7 +424,7 @@ MUTANTS: list[Mutant] = [
                 "          AND r.sweep_after = p_sweep_after;\n",
             ),
         ),
-        tests=("tests/test_store.py", "tests/test_claim_commit.py"),
+        tests=("tests/store/test_state_machine.py", "tests/store/test_claim_commit.py"),
         backends=(PG,),
         what="completion not fenced by the owner token (django_idempotency_complete)",
     ),
@@ -434,7 +434,7 @@ MUTANTS: list[Mutant] = [
         "    IF v_updated <> 1 THEN\n",
         "    IF false THEN\n",
         tests=(
-            "tests/test_claim_commit.py",
+            "tests/store/test_claim_commit.py",
             f"{GUARDS}::test_a_fenced_completion_rolls_back_the_views_writes",
         ),
         backends=(PG,),
@@ -472,7 +472,7 @@ MUTANTS: list[Mutant] = [
         "transactions/savepoints.py",
         "        self.flush()\n        if ours is None",
         "        if ours is None",
-        tests=("tests/test_savepoints.py",),
+        tests=("tests/transactions/test_savepoints.py",),
         backends=(PG,),
         what="a held RELEASE SAVEPOINT not sent before the next statement",
     ),
@@ -481,7 +481,7 @@ MUTANTS: list[Mutant] = [
         "transactions/savepoints.py",
         "            and self._status() == _INTRANS\n",
         "",
-        tests=("tests/test_savepoints.py",),
+        tests=("tests/transactions/test_savepoints.py",),
         backends=(PG,),
         what="a RELEASE held in an aborted transaction (Django's failure handling skipped)",
     ),
@@ -491,7 +491,7 @@ MUTANTS: list[Mutant] = [
         "            and not self.connection.queries_logged"
         "  # the log shows what is sent, as sent\n",
         "",
-        tests=("tests/test_review_s19.py",),
+        tests=("tests/transactions/test_query_log.py",),
         backends=(PG,),
         what="releases held while Django logs queries (logged as statements without SQL)",
     ),
@@ -502,7 +502,9 @@ MUTANTS: list[Mutant] = [
         "        isinstance(active, ViewSavepoints) for active in connection.execute_wrappers\n"
         "    ):\n",
         '    if connection.vendor != "postgresql":\n',
-        tests=("tests/test_review_s19.py",),
+        tests=(
+            "tests/protocol/test_nested_views.py::test_an_idempotent_view_called_inside_another_runs_both_once",
+        ),
         backends=(PG,),
         what="a second savepoint wrapper for a view inside another's transaction",
         equivalent=(
@@ -519,7 +521,7 @@ MUTANTS: list[Mutant] = [
         "transactions/savepoints.py",
         "        if self._status() != _INTRANS:\n",
         "        if self._status() not in (_INTRANS, _INERROR):\n",
-        tests=("tests/test_review2_s19.py",),
+        tests=("tests/transactions/test_first_block.py",),
         backends=(PG,),
         what="held releases sent into a transaction a statement past the wrappers aborted",
     ),
@@ -529,7 +531,7 @@ MUTANTS: list[Mutant] = [
         "            name in self.placed  # a release of one destroyed meanwhile fails at once\n"
         "            and ",
         "            ",
-        tests=("tests/test_review3_s20.py",),
+        tests=("tests/transactions/test_savepoint_equivalence.py",),
         backends=(PG,),
         what="a release held for a savepoint a rollback destroyed (its error raised late)",
     ),
@@ -538,7 +540,7 @@ MUTANTS: list[Mutant] = [
         "transactions/savepoints.py",
         "            and self.connection.execute_wrappers[-1] is self\n",
         "",
-        tests=("tests/test_savepoints.py",),
+        tests=("tests/transactions/test_savepoints.py",),
         backends=(PG,),
         what="releases held from a wrapper the view installed inside the app's",
     ),
@@ -547,7 +549,7 @@ MUTANTS: list[Mutant] = [
         "transactions/savepoints.py",
         "        with self.connection.wrap_database_errors, raw.cursor() as cursor:\n",
         "        with self.connection.cursor() as cursor:\n",
-        tests=("tests/test_review3_s20.py",),
+        tests=("tests/transactions/test_savepoint_equivalence.py",),
         backends=(PG,),
         what="held releases sent through Django's wrappers and query log, late",
     ),
@@ -556,7 +558,7 @@ MUTANTS: list[Mutant] = [
         "transactions/savepoints.py",
         '            for query in statements if pipelined else ["; ".join(statements)]:\n',
         '            for query in ["; ".join(statements)]:\n',
-        tests=("tests/test_savepoints.py",),
+        tests=("tests/transactions/test_savepoints.py",),
         backends=(PG,),
         what="held releases joined in one query in psycopg's pipeline mode",
     ),
@@ -565,7 +567,7 @@ MUTANTS: list[Mutant] = [
         "transactions/savepoints.py",
         "            del self.placed[self.placed.index(name) + (verb == _ROLLBACK_TO) :]\n",
         "            del self.placed[self.placed.index(name) :]\n",
-        tests=("tests/test_savepoints.py",),
+        tests=("tests/transactions/test_savepoints.py",),
         backends=(PG,),
         what="a savepoint counted as gone after a rollback to it (it stands)",
     ),
@@ -574,7 +576,7 @@ MUTANTS: list[Mutant] = [
         "transactions/savepoints.py",
         "        if ours is None and (not isinstance(sql, str) or _ENDS_SAVEPOINTS.search(sql)):\n",
         "        if False:\n",
-        tests=("tests/test_review4_s20.py",),
+        tests=("tests/transactions/test_held_releases.py",),
         backends=(PG,),
         what="releases still held after SQL of the view's own rolled back their savepoints",
     ),
@@ -583,7 +585,7 @@ MUTANTS: list[Mutant] = [
         "transactions/savepoints.py",
         "        if self._status() != _INTRANS:\n            # Aborted by a statement past",
         "        if self._status() == _INERROR:\n            # Aborted by a statement past",
-        tests=("tests/test_review4_s20.py",),
+        tests=("tests/transactions/test_held_releases.py",),
         backends=(PG,),
         what="held releases sent on a closed connection (the wrong error raised)",
     ),
@@ -595,7 +597,7 @@ MUTANTS: list[Mutant] = [
         "                del connection.execute_wrappers[index]\n"
         "                break\n",
         "        connection.execute_wrappers.pop()\n",
-        tests=("tests/test_review4_s20.py",),
+        tests=("tests/transactions/test_held_releases.py",),
         backends=(PG,),
         what="the last wrapper removed, the view's own if it left one, not the app's",
     ),
@@ -604,7 +606,7 @@ MUTANTS: list[Mutant] = [
         "store/sql.py",
         "       by_presence, sweep_after AT TIME ZONE 'UTC' AS sweep_after\n",
         "       by_presence, sweep_after\n",
-        tests=("tests/test_review5_s21.py",),
+        tests=("tests/store/test_use_tz_false_fall_back.py",),
         backends=(PG,),
         what="the claim's partition key read as Django reads it (naive local, USE_TZ = False)",
     ),
@@ -613,7 +615,7 @@ MUTANTS: list[Mutant] = [
         "retention/sweeper.py",
         "                lock_timeout=None if report.dry_run else LOCK_TIMEOUT,\n",
         "                lock_timeout=None,\n",
-        tests=("tests/test_review6_s21.py",),
+        tests=("tests/retention/test_late_completions.py",),
         backends=(PG,),
         what="the sweeper's probe of a day does not wait for its writers (SHARE lock)",
     ),
@@ -622,7 +624,7 @@ MUTANTS: list[Mutant] = [
         "retention/partitions.py",
         "        if cursor.fetchone()[0]:\n            _attach(",
         "        if False:\n            _attach(",
-        tests=("tests/test_review6_s21.py",),
+        tests=("tests/retention/test_late_completions.py",),
         backends=(PG,),
         what="a detached day is dropped without a second probe (a late completion lost)",
     ),
@@ -632,7 +634,7 @@ MUTANTS: list[Mutant] = [
         "    if connection.alias in strict_databases:  # the server's default, seen by a claim\n"
         "        return True\n",
         "",
-        tests=("tests/test_review6_s21.py",),
+        tests=("tests/store/test_heartbeat_isolation.py",),
         backends=(PG,),
         what="heartbeats ignore a server default above READ COMMITTED found by a claim",
     ),
@@ -824,7 +826,7 @@ MUTANTS: list[Mutant] = [
         "store/schema/functions.py",
         '    PERFORM {_SCOPE_LOCK.format(p="p_")};\n    v_now := clock_timestamp()',
         "    v_now := clock_timestamp()",
-        tests=("tests/test_partitions.py",),
+        tests=("tests/retention/test_partitions.py",),
         backends=(PG,),
         what="claim function without the scope lock: two first claims both insert",
     ),
@@ -845,7 +847,7 @@ MUTANTS: list[Mutant] = [
         "protocol/decide.py",
         "        if result.fingerprint != fp:\n",
         "        if False:\n",
-        tests=("tests/test_wire.py", "tests/test_decorators.py"),
+        tests=("tests/protocol/test_wire.py", "tests/protocol/test_decorators.py"),
         what="a key reused with another request is replayed instead of 422",
     ),
     m(
@@ -853,7 +855,7 @@ MUTANTS: list[Mutant] = [
         "protocol/decide.py",
         "            if not result.response.replayable:\n",
         "            if False:\n",
-        tests=("tests/test_hostile_input.py", "tests/test_wire.py"),
+        tests=("tests/protocol/test_hostile_input.py", "tests/protocol/test_wire.py"),
         backends=(SQLITE,),
         what="a response too large to keep is replayed as an empty body",
     ),
@@ -862,7 +864,7 @@ MUTANTS: list[Mutant] = [
         "protocol/begin.py",
         '    if (http.method or "").upper() in SAFE_METHODS:\n',
         "    if False:\n",
-        tests=("tests/test_wire.py", "tests/test_decorators.py"),
+        tests=("tests/protocol/test_wire.py", "tests/protocol/test_decorators.py"),
         backends=(SQLITE,),
         what="safe methods recorded",
     ),
@@ -904,7 +906,7 @@ MUTANTS: list[Mutant] = [
         "protocol/execute.py",
         "                release = options.should_release(response.status_code)\n",
         "                release = False\n",
-        tests=("tests/test_decorators.py", "tests/test_wire.py"),
+        tests=("tests/protocol/test_decorators.py", "tests/protocol/test_wire.py"),
         backends=(SQLITE,),
         what="a 5xx stored and replayed instead of released",
     ),
@@ -915,7 +917,7 @@ MUTANTS: list[Mutant] = [
         '(stage == "commit" and not isinstance(exc, IntegrityError))',
         tests=(
             f"{VIEW_TX}::test_deferred_constraint_violated_at_commit_is_the_views_exception",
-            "tests/test_db_faults.py::test_connection_killed_at_commit",
+            "tests/store/test_database_faults.py::test_connection_killed_at_commit",
         ),
         what="the IntegrityError-at-COMMIT rule inverted: the view's data refused is a 503, "
         "a connection lost at COMMIT a 500",
@@ -940,7 +942,7 @@ MUTANTS: list[Mutant] = [
         '        context.open_phase = ""\n'
         "    if not doomed:\n"
         "        store.advance(context.claim, name)\n",
-        tests=("tests/test_phases.py",),
+        tests=("tests/protocol/test_phases.py",),
         what="recovery point advanced outside the phase's transaction",
     ),
     m(
@@ -948,7 +950,7 @@ MUTANTS: list[Mutant] = [
         "protocol/phases.py",
         "    if position(phases, name) <= position(phases, context.recovery_point):\n",
         "    if position(phases, name) < position(phases, context.recovery_point):\n",
-        tests=("tests/test_phases.py",),
+        tests=("tests/protocol/test_phases.py",),
         backends=(SQLITE,),
         what="the phase of the recovery point may run again",
     ),
@@ -958,7 +960,7 @@ MUTANTS: list[Mutant] = [
         "    if not context.recovery_point:\n"
         "        release(context.claim, status)\n        return\n",
         "    release(context.claim, status)\n    return\n",
-        tests=("tests/test_phases.py",),
+        tests=("tests/protocol/test_phases.py",),
         what="a failed phased request keeps its lease: the retry waits instead of resuming",
     ),
     # relay.py
@@ -996,7 +998,7 @@ MUTANTS: list[Mutant] = [
         "outbox/claim.py",
         "    FOR UPDATE SKIP LOCKED\n",
         "",
-        tests=("tests/test_relay_concurrency.py",),
+        tests=("tests/outbox/test_relay_concurrency.py",),
         backends=(PG,),
         what="relay claim without row locks: concurrent relays claim the same message",
     ),
@@ -1006,7 +1008,7 @@ MUTANTS: list[Mutant] = [
         "                pk=pk, state=OutboxState.PENDING, attempts=attempts, "
         "available_at__lte=due\n",
         "                pk=pk\n",
-        tests=("tests/test_relay_concurrency.py", "tests/test_relay.py"),
+        tests=("tests/outbox/test_relay_concurrency.py", "tests/outbox/test_relay.py"),
         backends=(SQLITE,),
         what="relay claim (SQLite) unconditional: a message claimed twice",
     ),
@@ -1028,7 +1030,7 @@ MUTANTS: list[Mutant] = [
         "        state = CASE WHEN m.attempts >= %(max)s THEN 'dead' ELSE m.state END,\n",
         "        state = CASE WHEN m.attempts + 1 >= %(max)s THEN 'dead' ELSE m.state END,\n",
         tests=(
-            "tests/test_review_regressions.py::"
+            "tests/outbox/test_relay_leases.py::"
             "test_a_message_that_kills_its_relay_is_dead_lettered_after_max_attempts",
         ),
         backends=(PG,),
@@ -1040,7 +1042,7 @@ MUTANTS: list[Mutant] = [
         "        else:\n            self._arm()\n",
         "",
         tests=(
-            "tests/test_review_regressions.py::"
+            "tests/outbox/test_relay_leases.py::"
             "test_a_slow_handler_does_not_make_delivered_messages_claimable_again",
         ),
         backends=(PG,),
@@ -1052,7 +1054,7 @@ MUTANTS: list[Mutant] = [
         "retention/sweeper.py",
         "        if partition.day >= report.cutoff.date():\n",
         "        if partition.day > report.cutoff.date():\n",
-        tests=("tests/test_retention.py",),
+        tests=("tests/retention/test_sweeper.py",),
         backends=(PG,),
         what="the sweeper drops the partition of the cutoff day itself",
     ),
@@ -1061,7 +1063,7 @@ MUTANTS: list[Mutant] = [
         "retention/sweeper.py",
         "                state=OutboxState.SENT,\n                sent_at__lt=",
         "                sent_at__lt=",
-        tests=("tests/test_retention.py",),
+        tests=("tests/retention/test_sweeper.py",),
         what="the sweeper deletes outbox messages in any state",
         equivalent=(
             "only the relay's mark-sent writes sent_at, together with state = 'sent', and "
@@ -1145,7 +1147,7 @@ MUTANTS: list[Mutant] = [
         '            "ORDER BY created_at DESC ON CONFLICT DO NOTHING"\n',
         '            "ORDER BY created_at ASC ON CONFLICT DO NOTHING"\n',
         tests=(
-            "tests/test_schema.py::"
+            "tests/store/test_schema.py::"
             "test_back_to_the_plain_table_keeps_the_newer_of_two_rows_of_one_scope",
         ),
         backends=(PG,),
@@ -1156,7 +1158,7 @@ MUTANTS: list[Mutant] = [
         "retention/partitions.py",
         "                             AND NOT i.inhdetachpending)\n",
         ")\n",
-        tests=("tests/test_partitions.py",),
+        tests=("tests/retention/test_partitions.py",),
         backends=(PG,),
         what="a partition left half-detached listed as attached",
         equivalent=(
@@ -1174,7 +1176,7 @@ MUTANTS: list[Mutant] = [
         "        super().__init_subclass__(**kwargs)\n        _refuse_misplaced_mixin(cls)\n",
         "        super().__init_subclass__(**kwargs)\n",
         tests=(
-            "tests/test_decorators.py::"
+            "tests/protocol/test_decorators.py::"
             "test_the_mixin_after_the_view_class_is_refused_when_the_class_is_defined",
         ),
         backends=(SQLITE,),  # decided when the class or the URLconf is built
@@ -1186,9 +1188,9 @@ MUTANTS: list[Mutant] = [
         '    return code is None or "super" in code.co_names\n',
         "    return True\n",
         tests=(
-            "tests/test_decorators.py::"
+            "tests/protocol/test_decorators.py::"
             "test_each_method_the_mixin_overrides_is_checked_when_the_class_is_defined",
-            "tests/test_checks.py::test_e010_protection_that_cannot_work_as_stacked",
+            "tests/checks/test_checks.py::test_e010_protection_that_cannot_work_as_stacked",
         ),
         backends=(SQLITE,),  # decided when the class or the URLconf is built
         what="a method that does not call super() is taken to pass the call on",
@@ -1198,7 +1200,9 @@ MUTANTS: list[Mutant] = [
         "protocol/drf.py",
         "    if issubclass(cls, View) and not issubclass(cls, APIView):\n",
         "    if False:\n",
-        tests=("tests/test_decorators.py::test_the_mixin_on_a_django_class_based_view_is_refused",),
+        tests=(
+            "tests/protocol/test_decorators.py::test_the_mixin_on_a_django_class_based_view_is_refused",
+        ),
         backends=(SQLITE,),  # decided when the class or the URLconf is built
         what="IdempotentMixin on a Django class-based view is accepted (never runs)",
     ),
@@ -1207,7 +1211,7 @@ MUTANTS: list[Mutant] = [
         "protocol/decorators.py",
         '    if hasattr(func, "_idempotency_options"):\n        raise TypeError(\n',
         "    if False:\n        raise TypeError(\n",
-        tests=("tests/test_decorators.py::test_idempotent_over_idempotent_is_refused",),
+        tests=("tests/protocol/test_decorators.py::test_idempotent_over_idempotent_is_refused",),
         backends=(SQLITE,),  # decided when the class or the URLconf is built
         what="@idempotent over a view already @idempotent (every key claimed twice)",
     ),
@@ -1216,7 +1220,7 @@ MUTANTS: list[Mutant] = [
         "protocol/decorators.py",
         "        if handler is not None and closure_options(handler) is not None:\n",
         "        if False:\n",
-        tests=("tests/test_decorators.py::test_idempotent_over_idempotent_is_refused",),
+        tests=("tests/protocol/test_decorators.py::test_idempotent_over_idempotent_is_refused",),
         backends=(SQLITE,),  # decided when the class or the URLconf is built
         what="@idempotent above @api_view over @idempotent accepted",
     ),
@@ -1226,7 +1230,7 @@ MUTANTS: list[Mutant] = [
         "    if isinstance(func, (staticmethod, classmethod)):\n",
         "    if False:\n",
         tests=(
-            "tests/test_decorators.py::"
+            "tests/protocol/test_decorators.py::"
             "test_idempotent_above_staticmethod_or_classmethod_is_refused",
         ),
         backends=(SQLITE,),  # decided when the class or the URLconf is built
@@ -1237,7 +1241,7 @@ MUTANTS: list[Mutant] = [
         "protocol/decorators.py",
         "    if isinstance(func, type):\n",
         "    if False:\n",
-        tests=("tests/test_decorators.py::test_idempotent_on_a_class_is_refused",),
+        tests=("tests/protocol/test_decorators.py::test_idempotent_on_a_class_is_refused",),
         backends=(SQLITE,),  # decided when the class or the URLconf is built
         what="@idempotent on a class statement accepted",
     ),
@@ -1247,7 +1251,7 @@ MUTANTS: list[Mutant] = [
         '        if not hasattr(getattr(view_class, name, None), "_idempotency_options"):\n'
         "            continue\n        drf =",
         "        continue\n        drf =",
-        tests=("tests/test_checks.py::test_e010_protection_that_cannot_work_as_stacked",),
+        tests=("tests/checks/test_checks.py::test_e010_protection_that_cannot_work_as_stacked",),
         backends=(SQLITE,),  # decided when the class or the URLconf is built
         what="E010 silent on @idempotent on a DRF view's dispatch (claim before auth)",
     ),
@@ -1256,7 +1260,7 @@ MUTANTS: list[Mutant] = [
         "checks/stacking.py",
         "        if _idempotent_layers(getattr(view_class, name, None)) > 1:\n",
         "        if _idempotent_layers(getattr(view_class, name, None)) > 2:\n",
-        tests=("tests/test_checks.py::test_e010_protection_that_cannot_work_as_stacked",),
+        tests=("tests/checks/test_checks.py::test_e010_protection_that_cannot_work_as_stacked",),
         backends=(SQLITE,),  # decided when the class or the URLconf is built
         what="E010 silent on two @idempotent on one handler through method_decorator",
     ),
@@ -1265,7 +1269,7 @@ MUTANTS: list[Mutant] = [
         "checks/stacking.py",
         "    for name, klass in shadowing(view_class):\n",
         "    for name, klass in []:\n",
-        tests=("tests/test_checks.py::test_e010_protection_that_cannot_work_as_stacked",),
+        tests=("tests/checks/test_checks.py::test_e010_protection_that_cannot_work_as_stacked",),
         backends=(SQLITE,),  # decided when the class or the URLconf is built
         what="E010 silent on a subclass's initial() without super()",
     ),
@@ -1275,8 +1279,8 @@ MUTANTS: list[Mutant] = [
         '    if not getattr(settings, "ROOT_URLCONF", None):\n        return [], None\n',
         "",
         tests=(
-            "tests/test_checks.py::test_check_runs_without_a_root_urlconf",
-            "tests/test_checks.py::"
+            "tests/checks/test_checks.py::test_check_runs_without_a_root_urlconf",
+            "tests/checks/test_checks.py::"
             "test_manage_py_check_passes_with_a_settings_module_without_root_urlconf",
         ),
         backends=(SQLITE,),  # decided when the class or the URLconf is built
@@ -1287,7 +1291,9 @@ MUTANTS: list[Mutant] = [
         "checks/urls.py",
         "    except Exception as exc:  # a system check reports, it never crashes the command\n",
         "    except ImportError as exc:\n",
-        tests=("tests/test_checks.py::test_w009_names_the_error_a_urlconf_raises_while_importing",),
+        tests=(
+            "tests/checks/test_checks.py::test_w009_names_the_error_a_urlconf_raises_while_importing",
+        ),
         backends=(SQLITE,),  # decided when the class or the URLconf is built
         what="a URLconf raising (not ImportError) while importing crashes the checks",
     ),
@@ -1303,7 +1309,7 @@ MUTANTS: list[Mutant] = [
         "            ):\n"
         "                pass\n",
         tests=(
-            "tests/test_sweep_command.py::"
+            "tests/retention/test_sweep_command.py::"
             "test_a_day_attached_back_during_the_sweep_is_reported_as_held",
         ),
         backends=(PG,),
@@ -1318,7 +1324,7 @@ MUTANTS: list[Mutant] = [
         "            .filter(pk__in=chunk)._raw_delete(using)\n"
         "        )\n",
         tests=(
-            "tests/test_retention_batched_delete.py::"
+            "tests/retention/test_batched_delete.py::"
             "test_a_late_completion_committed_while_the_delete_waits_for_it_is_kept",
         ),
         backends=(PG,),
@@ -1332,7 +1338,7 @@ MUTANTS: list[Mutant] = [
         "    return Verdict(held=not broken and not result.clients_gave_up, broken=broken, "
         "notes=notes)\n",
         tests=(
-            "tests/test_storm.py::"
+            "tests/integration/test_storm.py::"
             "test_clients_that_gave_up_are_reported_not_called_a_broken_promise",
         ),
         backends=(SQLITE,),
@@ -1343,7 +1349,9 @@ MUTANTS: list[Mutant] = [
         "../example_project/storm/verdict.py",
         "            if not ids <= self.stored.get(str(number), set()):\n",
         "            if False:\n",
-        tests=("tests/test_storm.py::test_a_duplicate_or_a_wrong_answer_is_a_broken_promise",),
+        tests=(
+            "tests/integration/test_storm.py::test_a_duplicate_or_a_wrong_answer_is_a_broken_promise",
+        ),
         backends=(SQLITE,),
         what="the storm accepts an answer that is not the stored worker",
     ),
@@ -1354,7 +1362,7 @@ MUTANTS: list[Mutant] = [
         "protocol/context.py",
         "        if claim.scope == scope and claim.using == using:\n",
         "        if False:\n",
-        tests=(NESTED, "tests/test_inbox_calls.py"),
+        tests=(NESTED, "tests/inbox/test_calls.py"),
         what="a view or block called with the running execution's scope claims again (409)",
     ),
     m(
@@ -1380,7 +1388,7 @@ MUTANTS: list[Mutant] = [
         "                store.abandon(result)  "
         "# nothing ran: the key is free for a retry at once\n",
         "                presence.ensure_released(result)\n",
-        tests=("tests/test_claimed_receivers.py",),
+        tests=("tests/test_signals.py",),
         what="a view whose claimed receiver raised keeps its claim (409 for the lease)",
     ),
     m(
@@ -1388,7 +1396,7 @@ MUTANTS: list[Mutant] = [
         "inbox/calls.py",
         "            store.abandon(claim)  # nothing ran: the key is free for a retry at once\n",
         "            presence.ensure_released(claim)\n",
-        tests=("tests/test_claimed_receivers.py",),
+        tests=("tests/test_signals.py",),
         what="a once() block whose claimed receiver raised keeps its claim (InFlight)",
     ),
     m(
@@ -1398,7 +1406,7 @@ MUTANTS: list[Mutant] = [
         "            release(claim)\n",
         "        release(claim)\n",
         tests=(
-            "tests/test_claimed_receivers.py::"
+            "tests/test_signals.py::"
             "test_a_phased_takeover_whose_claimed_receiver_raises_keeps_its_recovery_point",
         ),
         what="a given-up phased takeover keeps its live lease (no resume until it ends)",
@@ -1409,7 +1417,7 @@ MUTANTS: list[Mutant] = [
         "                if doomed:  # the block's own choice: nothing of it can commit\n"
         "                    raise _Doomed(doomed)\n",
         "",
-        tests=("tests/test_inbox_calls.py",),
+        tests=("tests/inbox/test_calls.py",),
         what="once(): a block that doomed its transaction is completed anyway",
     ),
     m(
@@ -1418,8 +1426,8 @@ MUTANTS: list[Mutant] = [
         "        release_leftovers(entry, what)\n",
         "        pass\n",
         tests=(
-            "tests/test_presence.py::test_presence_locks_never_pile_up_on_a_persistent_connection",
-            "tests/test_presence.py::test_presence_locks_never_pile_up_after_once_blocks_and_tasks",
+            "tests/store/test_presence.py::test_presence_locks_never_pile_up_on_a_persistent_connection",
+            "tests/store/test_presence.py::test_presence_locks_never_pile_up_after_once_blocks_and_tasks",
         ),
         backends=(PG,),
         what="presence locks left over when an entry point ends stay with the connection",
@@ -1429,7 +1437,9 @@ MUTANTS: list[Mutant] = [
         "store/presence.py",
         "            elif held.entry is entry:\n",
         "            elif True:\n",
-        tests=("tests/test_presence.py::test_an_entry_point_leaves_claims_it_did_not_make_alone",),
+        tests=(
+            "tests/store/test_presence.py::test_an_entry_point_leaves_claims_it_did_not_make_alone",
+        ),
         backends=(PG,),
         what="an entry point's end releases locks of claims made outside it",
     ),
@@ -1474,7 +1484,7 @@ MUTANTS: list[Mutant] = [
         "      AND r.state = 'claimed' AND r.fingerprint = %(fingerprint)s\n",
         "      AND r.state = 'claimed'\n",
         tests=(
-            "tests/test_presence.py::test_a_presence_takeover_refuses_a_request_with_another_body",
+            "tests/store/test_presence.py::test_a_presence_takeover_refuses_a_request_with_another_body",
         ),
         backends=(PG,),
         what="a presence takeover (plain table) by a request with another body",
@@ -1485,7 +1495,7 @@ MUTANTS: list[Mutant] = [
         "           AND v_row.fingerprint = p_fingerprint AND v_row.owner_pid IS NOT NULL\n",
         "           AND v_row.owner_pid IS NOT NULL\n",
         tests=(
-            "tests/test_presence.py::test_a_presence_takeover_refuses_a_request_with_another_body",
+            "tests/store/test_presence.py::test_a_presence_takeover_refuses_a_request_with_another_body",
         ),
         backends=(PG,),
         what="a presence takeover (claim function V3) by a request with another body",
@@ -1497,7 +1507,9 @@ MUTANTS: list[Mutant] = [
         "extra=kwargs)\n                    return\n",
         '                    logger.warning("heartbeat found the claim taken over; stopped", '
         "extra=kwargs)\n",
-        tests=("tests/test_heartbeat.py::test_the_heartbeat_stops_once_its_claim_was_taken_over",),
+        tests=(
+            "tests/store/test_heartbeat.py::test_the_heartbeat_stops_once_its_claim_was_taken_over",
+        ),
         backends=(PG,),
         what="the heartbeat keeps beating for a claim taken over",
     ),
@@ -1507,7 +1519,7 @@ MUTANTS: list[Mutant] = [
         "                    connections[self.claim.using].close()\n                    continue\n",
         "                    continue\n",
         tests=(
-            "tests/test_heartbeat.py::test_the_heartbeat_reconnects_after_its_connection_dropped",
+            "tests/store/test_heartbeat.py::test_the_heartbeat_reconnects_after_its_connection_dropped",
         ),
         backends=(PG,),
         what="the heartbeat keeps its dropped connection (every later beat fails)",
@@ -1518,7 +1530,7 @@ MUTANTS: list[Mutant] = [
         "                    connections[self.claim.using].close()\n                    continue\n",
         "                    return\n",
         tests=(
-            "tests/test_heartbeat.py::test_the_heartbeat_reconnects_after_its_connection_dropped",
+            "tests/store/test_heartbeat.py::test_the_heartbeat_reconnects_after_its_connection_dropped",
         ),
         backends=(PG,),
         what="the heartbeat stops after one failed beat (the lease runs out under the view)",
@@ -1530,7 +1542,7 @@ MUTANTS: list[Mutant] = [
         "# a refused write the body caught still fails the attempt\n",
         "",
         tests=(
-            "tests/test_databases.py::"
+            "tests/store/test_routing.py::"
             "test_a_block_that_catches_the_refused_write_still_does_not_complete",
         ),
         what="once(): a block that caught CrossDatabaseWrite completes",
@@ -1541,7 +1553,7 @@ MUTANTS: list[Mutant] = [
         "        except BaseException:\n            _release(claim)\n",
         "        except Exception:\n            _release(claim)\n",
         tests=(
-            "tests/test_inbox_calls.py::"
+            "tests/inbox/test_calls.py::"
             "test_a_block_stopped_by_systemexit_or_keyboardinterrupt_releases_its_key",
         ),
         what="once(): SystemExit or KeyboardInterrupt in the block keeps the claim",
@@ -1551,7 +1563,7 @@ MUTANTS: list[Mutant] = [
         "extractors.py",
         '        if value is None or not value.strip(" \\t"):\n',
         "        if value is None:\n",
-        tests=("tests/test_inbox_receivers.py::test_a_blank_key_header_is_no_key",),
+        tests=("tests/inbox/test_receivers.py::test_a_blank_key_header_is_no_key",),
         what="a blank key header is a key (combined: the other parts alone)",
     ),
     m(
@@ -1561,7 +1573,7 @@ MUTANTS: list[Mutant] = [
         "        and existing.fingerprint == fingerprint\n",
         "        and existing.lease_remaining <= 0\n",
         tests=(
-            "tests/test_replay_negotiation.py::"
+            "tests/protocol/test_replay_negotiation.py::"
             "test_after_a_crashed_claim_no_renderer_fits_and_another_body_is_still_422",
         ),
         what="after a crashed claim, another body with an unrenderable Accept gets 406",
@@ -1848,7 +1860,7 @@ MUTANTS: list[Mutant] = [
         "            pass\n",
         tests=(
             f"{_STOPS}::test_sigterm_ends_the_wait_between_polls_at_once",
-            "tests/test_sweep_command.py::test_the_sweeper_loop_stops_on_sigterm_between_sweeps",
+            "tests/retention/test_sweep_command.py::test_the_sweeper_loop_stops_on_sigterm_between_sweeps",
         ),
         what="SIGTERM waits for the end of the poll interval (a container stop times out)",
     ),
@@ -1872,7 +1884,7 @@ MUTANTS: list[Mutant] = [
         "        if True:\n",
         tests=(
             f"{_OUTAGES}::test_the_relay_command_rides_out_a_database_outage",
-            "tests/test_sweep_command.py::test_the_sweeper_loop_rides_out_a_database_outage",
+            "tests/retention/test_sweep_command.py::test_the_sweeper_loop_rides_out_a_database_outage",
         ),
         backends=(PG,),
         what="an outage logged as an error at every retry",
@@ -1894,7 +1906,9 @@ MUTANTS: list[Mutant] = [
         "management/commands/idempotency_sweep.py",
         "                        except UNAVAILABLE as exc:\n",
         "                        except () as exc:\n",
-        tests=("tests/test_sweep_command.py::test_the_sweeper_loop_rides_out_a_database_outage",),
+        tests=(
+            "tests/retention/test_sweep_command.py::test_the_sweeper_loop_rides_out_a_database_outage",
+        ),
         backends=(PG,),
         what="the sweeper loop exits on the first database outage",
     ),
@@ -1924,7 +1938,7 @@ MUTANTS: list[Mutant] = [
         "                stop_on=(SoftTimeLimitExceeded,),\n",
         "",
         tests=(
-            "tests/test_celery_relay.py::"
+            "tests/integration/test_celery_relay.py::"
             "test_the_soft_time_limit_stops_the_relay_task_with_nothing_left_unmarked",
         ),
         what="the relay task goes on delivering past its soft time limit",

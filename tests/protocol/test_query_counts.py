@@ -1,0 +1,148 @@
+"""SQL statements per request: what idempotency adds to a view's own queries.
+
+Measured with ``CaptureQueriesContext`` on the real path (``transaction=True``: no
+test transaction around the request, so the claim commits on its own and is not
+wrapped in a savepoint). Django (4.2+) logs transaction control too: ``BEGIN``,
+``COMMIT``, ``ROLLBACK``. Each test warms the connection up with one keyed request
+first: the first claim on a new database connection also asks PostgreSQL once
+whether the record table is partitioned (cached per connection).
+
+The contract (docs/benchmarks.md):
+
+* PostgreSQL, keyed first execution: the view's own statements + the claim (1
+  statement) + the completion (1 statement, the server-side function, which carries
+  the ``COMMIT`` of the view's transaction), plus that transaction's ``BEGIN``: 3 round
+  trips more than the same view unkeyed. Django still logs the block's ``COMMIT``,
+  which finds nothing left to send (tests/store/test_claim_commit.py counts what psycopg
+  sends).
+* PostgreSQL, replay: authentication + exactly 1 statement (the claim, which returns
+  the stored response). The view does not run. A key reused with another body (422)
+  costs the same.
+* SQLite, keyed first execution: the claim is ``BEGIN``, ``INSERT``, ``COMMIT`` (3),
+  the view's block adds ``BEGIN``/``COMMIT``, the completion 1: 6 more than unkeyed,
+  2 of them data statements.
+* SQLite, replay: ``BEGIN``, the failing ``INSERT``, ``ROLLBACK``, a ``SELECT``.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from rest_framework.test import APIClient
+
+from tests.support.clients import client_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CONTROL = re.compile(r"^\s*(BEGIN|COMMIT|ROLLBACK|SAVEPOINT|RELEASE SAVEPOINT)\b", re.I)
+RECORD_TABLE = "django_idempotency"
+AUTH_STATEMENTS = 1  # TokenAuthentication: one SELECT of the token and its user
+
+
+def capture(
+    api: APIClient, key: str | None, *, status: int = 201, body: dict[str, Any] | None = None
+) -> list[str]:
+    """POST /optional (Widget create + count), with ``key`` or unkeyed; its SQL."""
+    headers = {"HTTP_IDEMPOTENCY_KEY": key} if key else {}
+    with CaptureQueriesContext(connection) as ctx:
+        response = api.post("/optional", body or {}, format="json", **headers)
+    assert response.status_code == status, response.content
+    return [q["sql"] for q in ctx.captured_queries]
+
+
+def data(statements: list[str]) -> list[str]:
+    return [s for s in statements if not CONTROL.match(s)]
+
+
+def control(statements: list[str]) -> list[str]:
+    return [s.split()[0].upper() for s in statements if CONTROL.match(s)]
+
+
+def on_record_table(statements: list[str]) -> list[str]:
+    return [s for s in data(statements) if RECORD_TABLE in s]
+
+
+@pytest.fixture
+def api(alice: Any) -> APIClient:
+    client = client_for(alice)
+    capture(client, f"warm-up-{uuid.uuid4()}")  # connection set up, table kind cached
+    return client
+
+
+def test_unkeyed_request_runs_the_view_alone(api: APIClient) -> None:
+    unkeyed = capture(api, None)
+
+    assert len(data(unkeyed)) == AUTH_STATEMENTS + 2  # auth, INSERT widget, COUNT
+    assert on_record_table(unkeyed) == []
+
+
+def test_keyed_first_execution_costs_the_claim_and_the_completion(
+    api: APIClient, on_postgres: bool
+) -> None:
+    unkeyed = capture(api, None)
+    keyed = capture(api, str(uuid.uuid4()))
+
+    claim, completion = on_record_table(keyed)
+    assert len(data(keyed)) == len(data(unkeyed)) + 2
+    if on_postgres:
+        # The fenced UPDATE in its server-side function (with owner presence it also
+        # releases the presence lock), then the view's COMMIT in the same round trip.
+        assert completion.startswith("SELECT django_idempotency_complete(")
+        assert completion.rstrip().endswith("COMMIT")
+        # Logged: the view's BEGIN, and the block's COMMIT that had nothing to send.
+        assert control(keyed) == ["BEGIN", "COMMIT"]
+        assert len(keyed) == len(unkeyed) + 4
+    else:
+        assert "completed" in completion and re.match(r"\s*UPDATE\b", completion, re.I)
+        # SQLite: the claim is its own BEGIN / INSERT / COMMIT.
+        assert claim.lstrip().upper().startswith("INSERT")
+        assert control(keyed) == ["BEGIN", "COMMIT", "BEGIN", "COMMIT"]
+        assert len(keyed) == len(unkeyed) + 6
+
+
+def test_replay_costs_one_statement_on_postgres(api: APIClient, on_postgres: bool) -> None:
+    key = str(uuid.uuid4())
+    capture(api, key)
+
+    replay = capture(api, key)
+
+    assert len(on_record_table(replay)) == (1 if on_postgres else 2)
+    if on_postgres:
+        assert len(replay) == AUTH_STATEMENTS + 1  # no BEGIN: the claim autocommits
+        assert control(replay) == []
+    else:
+        # SQLite: BEGIN, INSERT (unique violation), ROLLBACK, then a SELECT.
+        assert control(replay) == ["BEGIN", "ROLLBACK"]
+        assert len(replay) == AUTH_STATEMENTS + 4
+
+
+def test_the_table_kind_is_asked_once_per_process_not_per_connection(
+    alice: Any, on_postgres: bool
+) -> None:
+    from django_idempotency.store.catalog import forget
+
+    forget()
+    api = client_for(alice)
+    first = capture(api, str(uuid.uuid4()))
+    connection.close()  # CONN_MAX_AGE = 0: every request gets a new connection
+    second = capture(api, str(uuid.uuid4()))
+    third = capture(api, str(uuid.uuid4()))
+
+    extra = 1 if on_postgres else 0  # PostgreSQL: is the record table partitioned?
+    assert len(first) == len(third) + extra
+    assert len(second) == len(third)
+
+
+def test_a_reused_key_costs_what_a_replay_costs(api: APIClient, on_postgres: bool) -> None:
+    key = str(uuid.uuid4())
+    capture(api, key)
+
+    reused = capture(api, key, status=422, body={"other": "body"})
+
+    assert len(on_record_table(reused)) == (1 if on_postgres else 2)
+    assert len(reused) == AUTH_STATEMENTS + (1 if on_postgres else 4)

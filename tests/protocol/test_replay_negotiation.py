@@ -1,0 +1,130 @@
+"""A replay is the stored representation, whatever the retry's ``Accept`` (docs/faq.md)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import uuid
+
+import pytest
+from django.utils import timezone
+
+from django_idempotency.models import IdempotencyRecord, RecordState
+from tests.support.testapp.models import Widget
+
+pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.support.replay_app")]
+
+UNRENDERABLE = "application/xml"
+#: One protected view per way of protecting it.
+VIEWS = {
+    "below @api_view": ("/x/export", {}),
+    "above @api_view": ("/x/gzip", {}),
+    "IdempotentMixin": ("/x/receipt", {"name": "r"}),
+    "ViewSet action (mixin)": ("/vs/widgets/", {"name": "v"}),
+    "method with ReplayNegotiation": ("/x/method", {}),
+}
+
+
+def post(client, url, key, data=None, accept=None):
+    extra = {"HTTP_ACCEPT": accept} if accept else {}
+    return client.post(url, data or {}, format="json", HTTP_IDEMPOTENCY_KEY=key, **extra)
+
+
+def _documented_setup(way: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DRF before 3.17 needs ``ReplayNegotiation`` for ``@idempotent`` below ``@api_view``
+    (docs/protocol.md): ``DEFAULT_CONTENT_NEGOTIATION_CLASS``, which DRF reads when it
+    defines ``APIView``, long before a test could override the setting. So the test sets
+    what that setting gives the view's class; other ways, and newer DRF, need nothing."""
+    import rest_framework
+
+    from django_idempotency.protocol.drf import ReplayNegotiation
+    from tests.support import replay_app
+
+    version = tuple(int(part) for part in rest_framework.VERSION.split(".")[:2])
+    if way == "below @api_view" and version < (3, 17):
+        monkeypatch.setattr(replay_app.export.cls, "content_negotiation_class", ReplayNegotiation)
+
+
+@pytest.mark.parametrize("way", VIEWS)
+def test_a_retry_no_renderer_fits_gets_the_stored_representation(api, key, way, monkeypatch):
+    _documented_setup(way, monkeypatch)
+    url, data = VIEWS[way]
+    first = post(api, url, key, data, accept="application/json")
+    assert first.status_code == 201
+    again = post(api, url, key, data, accept=UNRENDERABLE)
+    assert again.status_code == 201, again.content
+    assert again["Idempotent-Replayed"] == "true"
+    assert again.content == first.content
+    assert again["Content-Type"] == first["Content-Type"]
+    assert Widget.objects.count() == 1
+
+
+@pytest.mark.parametrize("way", VIEWS)
+def test_a_first_request_no_renderer_fits_is_still_406_and_claims_nothing(api, key, way):
+    url, data = VIEWS[way]
+    response = post(api, url, key, data, accept=UNRENDERABLE)
+    assert response.status_code == 406
+    assert IdempotencyRecord.objects.count() == 0
+    assert Widget.objects.count() == 0
+    assert post(api, url, key, data).status_code == 201  # the key is still free
+
+
+def test_a_retry_asking_for_another_renderable_format_gets_the_stored_json(api, key):
+    first = post(api, "/x/receipt", key, {"name": "r"}, accept="application/json")
+    again = post(api, "/x/receipt", key, {"name": "r"}, accept="text/html")
+    assert again["Idempotent-Replayed"] == "true"
+    assert again["Content-Type"] == "application/json" and again.content == first.content
+
+
+def test_no_renderer_fits_and_another_body_is_still_422(api, key):
+    post(api, "/x/receipt", key, {"name": "r"})
+    response = post(api, "/x/receipt", key, {"name": "other"}, accept=UNRENDERABLE)
+    assert response.status_code == 422
+    assert json.loads(response.content)["type"].endswith("key-reused")
+
+
+def test_after_a_crashed_claim_no_renderer_fits_and_another_body_is_still_422(api, key):
+    """A crashed attempt left a claim whose lease ran out. A retry with another body
+    whose ``Accept`` no renderer fits is a key reused (422), as it is with any
+    ``Accept``: only a retry of the same request could take the claim over, and that
+    one would have to run the view, so it gets DRF's 406 and claims nothing."""
+    post(api, "/x/receipt", key, {"name": "r"})
+    IdempotencyRecord.objects.update(
+        state=RecordState.CLAIMED,
+        owner_token=uuid.uuid4(),
+        response_status=None,
+        lease_until=timezone.now() - dt.timedelta(seconds=60),
+    )
+    other = post(api, "/x/receipt", key, {"name": "other"}, accept=UNRENDERABLE)
+    assert other.status_code == 422, other.content
+    assert json.loads(other.content)["type"].endswith("key-reused")
+    same = post(api, "/x/receipt", key, {"name": "r"}, accept=UNRENDERABLE)
+    assert same.status_code == 406
+    assert IdempotencyRecord.objects.get().state == RecordState.CLAIMED  # not taken over
+
+
+def test_no_renderer_fits_while_in_flight_is_409(api, key):
+    post(api, "/x/receipt", key, {"name": "r"})
+    IdempotencyRecord.objects.update(
+        state=RecordState.CLAIMED,
+        owner_token=uuid.uuid4(),
+        response_status=None,
+        lease_until=timezone.now() + dt.timedelta(seconds=60),
+    )
+    response = post(api, "/x/receipt", key, {"name": "r"}, accept=UNRENDERABLE)
+    assert response.status_code == 409
+    assert json.loads(response.content)["type"].endswith("request-in-flight")
+
+
+def test_authentication_still_runs_before_a_replay(api, key):
+    from rest_framework.test import APIClient
+
+    post(api, "/x/receipt", key, {"name": "r"})
+    response = post(APIClient(), "/x/receipt", key, {"name": "r"}, accept=UNRENDERABLE)
+    assert response.status_code in (401, 403)
+    assert "Idempotent-Replayed" not in response
+
+
+def test_an_unprotected_view_keeps_drfs_406(api, key):
+    response = api.get("/vs/widgets/", HTTP_ACCEPT=UNRENDERABLE, HTTP_IDEMPOTENCY_KEY=key)
+    assert response.status_code == 406

@@ -1,0 +1,299 @@
+"""``manage.py idempotency_sweep`` and the Celery task (docs/retention.md), on both backends."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connection
+
+from django_idempotency import retention, store, testing
+from django_idempotency.models import IdempotencyRecord
+from django_idempotency.retention import sweeper as retention_sweeper
+from django_idempotency.store.schema.functions import SWEEP_LOCK
+from tests.support.faults import wait_for
+from tests.support.outages import outage_lines, proxy
+from tests.support.relay_process import child
+
+__all__ = ["child", "proxy"]  # the fixtures, used here
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+DAY = 86400.0
+
+
+def old_claim() -> store.Claim:
+    sc = store.Scope("auth.user:1", "POST /widgets", str(uuid.uuid4()))
+    with testing.travel(-9 * DAY):
+        won = store.claim(sc, "a" * 64, lease=30, retention=DAY)
+    assert isinstance(won, store.Claim)
+    return won
+
+
+def run(*args: str) -> str:
+    out = StringIO()
+    call_command("idempotency_sweep", *args, stdout=out, stderr=StringIO())
+    return out.getvalue()
+
+
+def test_dry_run_reports_and_keeps_everything():
+    won = old_claim()
+    output = run("--dry-run")
+    assert output.startswith("Dry run: database 'default'")
+    if connection.vendor == "postgresql":
+        assert "Would drop partition django_idempotency_record_p" in output
+    else:
+        assert "Would delete 1 record." in output
+    assert "Would delete 0 sent outbox messages." in output
+    assert IdempotencyRecord.objects.filter(pk=won.record_id).exists()
+
+
+def test_run_forgets_old_days_and_says_so():
+    won = old_claim()
+    output = run()
+    if connection.vendor == "postgresql":
+        assert "Dropped partition django_idempotency_record_p" in output
+    else:
+        assert "Deleted 1 record." in output
+    assert not IdempotencyRecord.objects.filter(pk=won.record_id).exists()
+    again = run("--database", "default")
+    assert "Dropped" not in again and "Deleted 0 sent outbox messages." in again
+
+
+@pytest.mark.postgres
+def test_a_second_run_while_one_holds_the_lock_does_nothing():
+    won = old_claim()
+    other = connection.copy()
+    try:
+        with other.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_lock(%s, %s)", list(SWEEP_LOCK))
+        assert "Another sweeper is running" in run()
+        assert IdempotencyRecord.objects.filter(pk=won.record_id).exists()
+    finally:
+        with other.cursor() as cursor:  # closing alone releases it only eventually
+            cursor.execute("SELECT pg_advisory_unlock(%s, %s)", list(SWEEP_LOCK))
+        other.close()
+
+
+@pytest.mark.postgres
+def test_a_partition_that_could_not_be_dropped_fails_the_command(monkeypatch):
+    won = old_claim()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT tableoid::regclass::text FROM django_idempotency_record WHERE id = %s",
+            [won.record_id],
+        )
+        (name,) = cursor.fetchone()
+    monkeypatch.setattr(retention_sweeper, "LOCK_TIMEOUT", 0.2)
+    reader = connection.copy()
+    try:
+        reader.set_autocommit(False)
+        with reader.cursor() as cursor:
+            cursor.execute(f"LOCK TABLE {name} IN ACCESS SHARE MODE")
+        with pytest.raises(CommandError, match="could not be dropped"):
+            run()
+    finally:
+        reader.rollback()
+        reader.close()
+    assert "Dropped partition" in run()
+
+
+def test_celery_task_runs_the_sweep():
+    from django_idempotency.tasks import sweep
+
+    won = old_claim()
+    assert sweep.name == "django_idempotency.sweep"
+    report = sweep.apply(kwargs={"dry_run": True}).get()
+    assert report["dry_run"] and IdempotencyRecord.objects.filter(pk=won.record_id).exists()
+    report = sweep.apply().get()
+    assert report["database"] == "default" and not report["skipped"]
+    assert not IdempotencyRecord.objects.filter(pk=won.record_id).exists()
+
+
+def test_the_sweeper_works_without_celery():
+    """retention and the command import nothing from Celery."""
+    script = (
+        "import sys; sys.modules['celery'] = None\n"
+        "import django; django.setup()\n"
+        "import django_idempotency.retention\n"
+        "import django_idempotency.management.commands.idempotency_sweep\n"
+        "assert 'celery' not in {m.split('.')[0] for m in sys.modules if sys.modules[m]}\n"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"}
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize("command", ["idempotency_sweep", "idempotency_relay"])
+def test_an_unknown_database_alias_is_a_usage_error(command):
+    """A mistyped ``--database`` is refused by the argument parser with the aliases to
+    choose from, as Django's own commands do, instead of a traceback."""
+    with pytest.raises(CommandError, match=r"invalid choice: 'nope' \(choose from .*default"):
+        call_command(command, "--database", "nope", stdout=StringIO(), stderr=StringIO())
+    assert IdempotencyRecord.objects.count() == 0  # nothing ran
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("via", ["sweep", "command"])
+def test_a_day_attached_back_during_the_sweep_is_reported_as_held(monkeypatch, via):
+    """The sweeper's probe finds a past day dead; then the late completion of a record
+    of that day begins (its owner ran long, nobody retried), before the detach. The
+    detach waits for it, the detached day is probed again, found live and attached
+    back. The operator is told the day was kept: the report lists it in ``held``, not in
+    ``dropped``, and the command prints "Kept partition ...", never "Dropped partition
+    ..." for it; the day is attached and the retry replays (docs/retention.md)."""
+    import threading
+
+    from django.db import connections, transaction
+
+    from django_idempotency.retention import partitions
+    from tests.support.faults import wait_for
+
+    if not retention_sweeper.is_partitioned(connection):
+        pytest.skip("partitioned table only")
+    monkeypatch.setattr(retention_sweeper, "LOCK_TIMEOUT", 60.0)  # a loaded machine's margin
+    scope = store.Scope("auth.user:1", "POST /widgets", str(uuid.uuid4()))
+    with testing.travel(-2 * DAY):
+        owner = store.claim(scope, "a" * 64, lease=30, retention=60)
+    assert isinstance(owner, store.Claim) and owner.sweep_after is not None
+    name = partitions.partition_name(owner.sweep_after.date())
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        (sweeper,) = cursor.fetchone()
+
+    written, commit = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def late_owner() -> None:
+        try:
+            with transaction.atomic():
+                store.complete(owner, store.StoredResponse(201, [], b'{"id": 1}'))
+                written.set()
+                assert commit.wait(60)
+        except BaseException as exc:
+            errors.append(exc)
+            written.set()
+        finally:
+            connections.close_all()
+
+    def commit_once_the_detach_waits() -> None:
+        try:
+            wait_for(lambda: _waits_on_a_lock(sweeper), timeout=60)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            commit.set()
+            connections.close_all()
+
+    threads = [
+        threading.Thread(target=late_owner),
+        threading.Thread(target=commit_once_the_detach_waits),
+    ]
+    probe = partitions.holds_live_records
+
+    def probe_then_a_late_writer(conn, partition, now, **kwargs):  # type: ignore[no-untyped-def]
+        live = probe(conn, partition, now, **kwargs)
+        if partition.name == name and not live and not threads[0].is_alive():
+            for thread in threads:
+                thread.start()
+            assert written.wait(30) and not errors, errors
+        return live
+
+    monkeypatch.setattr(partitions, "holds_live_records", probe_then_a_late_writer)
+    try:
+        if via == "sweep":
+            report = retention.sweep()
+            held, dropped = report.held, [p.name for p in report.dropped]
+            output = ""
+        else:
+            output = run()
+            held = (
+                [name] if f"Kept partition {name}: a record in it is still live." in output else []
+            )
+            dropped = [name] if f"Dropped partition {name}" in output else []
+    finally:
+        commit.set()
+        for thread in threads:
+            if thread.is_alive() or thread.ident is not None:
+                thread.join(60)
+    assert not errors, errors
+    assert threads[0].ident is not None, "the probe never found the day dead"
+    assert held == [name] and name not in dropped, (held, dropped, output)
+    (partition,) = [p for p in partitions.list_partitions(connection) if p.name == name]
+    assert partition.attached
+    retry = store.claim(scope, "a" * 64, lease=30, retention=60)
+    assert isinstance(retry, store.Existing) and retry.completed
+
+
+def _waits_on_a_lock(pid: int) -> bool:
+    from django.db import connections
+
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", [pid])
+        row = cursor.fetchone()
+    return row is not None and row[0] == "Lock"
+
+
+def sweeps(lines: list[str]) -> int:
+    """Sweeps the command reported: each ends with its sent-outbox line."""
+    return sum(line.endswith("sent outbox messages.") for line in lines)
+
+
+@pytest.mark.postgres
+def test_the_sweeper_loop_rides_out_a_database_outage(child, proxy):
+    """``idempotency_sweep --loop`` sweeps every ``--interval``; when the database goes
+    away it logs one error, retries with backoff, logs one line when it is back and
+    sweeps on; SIGTERM stops it with status 0."""
+    sweeper = child(
+        [],
+        "--loop",
+        "--interval",
+        "0.05",
+        env={
+            "COMMAND_NAME": "idempotency_sweep",
+            "RELAY_DB_PORT": str(proxy.port),
+            "RELAY_LOG": "DEBUG",
+        },
+    )
+    wait_for(lambda: sweeps(sweeper.lines) >= 2)  # it loops
+    proxy.cut()
+    sweeper.wait_for_log("still unavailable (try 2)")
+    before = sweeps(sweeper.lines)
+    proxy.restore()
+    sweeper.wait_for_log("available again")
+    wait_for(lambda: sweeps(sweeper.lines) > before)
+    sweeper.signal(signal.SIGTERM)
+    assert sweeper.exit_status() == 0, sweeper.stderr()
+    started, ended = outage_lines(sweeper.log)
+    assert len(started) == 1 and "idempotency sweep: database 'default' unavailable" in started[0]
+    assert started[0].startswith("ERROR ") and len(ended) == 1
+    assert "Traceback" not in sweeper.stderr()
+
+
+def test_the_sweeper_loop_stops_on_sigterm_between_sweeps(child):
+    """Waiting for its next sweep (an hour away), the loop exits 0 at once on SIGTERM."""
+    sweeper = child([], "--loop", env={"COMMAND_NAME": "idempotency_sweep"})
+    wait_for(lambda: sweeps(sweeper.lines) == 1)
+    sweeper.signal(signal.SIGTERM)
+    assert sweeper.exit_status() == 0, sweeper.stderr()
+    assert sweeps(sweeper.lines) == 1
+
+
+@pytest.mark.postgres
+def test_one_sweep_reports_an_unreachable_database_in_one_line(child, proxy):
+    """Without ``--loop`` (cron), an unreachable database is one line and status 1."""
+    proxy.cut()
+    sweeper = child([], env={"COMMAND_NAME": "idempotency_sweep", "RELAY_DB_PORT": str(proxy.port)})
+    assert sweeper.exit_status() == 1
+    assert "CommandError: database 'default' unavailable:" in sweeper.stderr()
+    assert "Traceback" not in sweeper.stderr()

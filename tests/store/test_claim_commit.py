@@ -1,0 +1,239 @@
+"""The first execution's two cheapest savings, and what guards them (docs/benchmarks.md).
+
+* The claim commits without waiting for the WAL flush when it is its own transaction
+  (``synchronous_commit = off`` for that transaction only), never inside a caller's
+  transaction, whose writes must stay durable at their COMMIT.
+* The completion names the record's partition key (``sweep_after``, returned by the
+  partitioned claim), so PostgreSQL touches one day partition; the key is part of the
+  fence.
+* Where the app's block is the transaction, the completion carries its ``COMMIT`` (one
+  round trip): a lost lease aborts the transaction before that ``COMMIT`` runs, a
+  deferred constraint it violates is still the view's error, and above READ
+  COMMITTED the ``COMMIT`` goes on its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import connection, transaction
+
+from django_idempotency import exceptions, store, transactions
+from django_idempotency.models import IdempotencyRecord
+from django_idempotency.store import claims as store_claims
+from django_idempotency.store import isolation as store_isolation
+from django_idempotency.store import rows as store_rows
+from tests.support.concurrency import token_client
+from tests.support.factories import TokenFactory
+from tests.support.faults import admin_connection
+from tests.support.testapp.models import Widget
+
+pytestmark = [pytest.mark.postgres, pytest.mark.pooled]
+
+FP = "f" * 64
+RESPONSE = store.StoredResponse(201, [("Content-Type", "application/json")], b"{}")
+
+
+def scope() -> store.Scope:
+    return store.Scope("commit-tests", "POST /orders", str(uuid.uuid4()))
+
+
+def synchronous_commit() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW synchronous_commit")
+        return str(cursor.fetchone()[0])
+
+
+def claim(sc: store.Scope) -> store.Claim:
+    won = store.claim(sc, FP, lease=30, retention=3600)
+    assert isinstance(won, store.Claim)
+    return won
+
+
+def test_an_own_transaction_claim_leaves_the_session_synchronous(record_table):
+    won = claim(scope())
+    assert synchronous_commit() == "on"  # SET LOCAL: gone with the claim's transaction
+    with transaction.atomic():
+        store.complete(won, RESPONSE)
+        assert synchronous_commit() == "on"  # the view's COMMIT waits for the flush
+
+
+def test_a_claim_inside_a_callers_transaction_never_makes_it_asynchronous(record_table):
+    with transaction.atomic():
+        claim(scope())
+        assert synchronous_commit() == "on"
+
+
+def test_the_claim_statement_commits_asynchronously_when_asked(record_table, monkeypatch):
+    """What the statement does with ``async_commit``, seen inside an explicit block."""
+    seen: list[str] = []
+    real = store_rows.pg_params
+
+    def in_block(sc: store.Scope, **extra: object) -> dict[str, object]:
+        return real(sc, **{**extra, "async_commit": True})
+
+    monkeypatch.setattr(store_claims, "pg_params", in_block)  # where the claim calls it
+    with transaction.atomic():
+        claim(scope())
+        seen.append(synchronous_commit())
+    assert seen == ["off"]
+
+
+def test_the_completion_is_fenced_by_the_partition_key_too(record_table):
+    won = claim(scope())
+    row = IdempotencyRecord.objects.get(pk=won.record_id)
+    if record_table == "partitioned":
+        assert won.sweep_after == row.sweep_after
+        moved = dataclasses.replace(won, sweep_after=row.sweep_after.replace(year=2000))
+        with pytest.raises(exceptions.LeaseLost), transaction.atomic():
+            store.complete(moved, RESPONSE)
+    else:
+        assert won.sweep_after is None  # a plain table has one heap: nothing to prune
+    with transaction.atomic():
+        store.complete(won, RESPONSE)
+    assert IdempotencyRecord.objects.get(pk=won.record_id).state == "completed"
+
+
+# --- The COMMIT sent with the completion ---------------------------------------------
+
+
+@pytest.fixture
+def statements() -> Iterator[list[str]]:
+    """The SQL of every statement the test's connection executes."""
+    seen: list[str] = []
+
+    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(wrapper):
+        yield seen
+
+
+def committed_elsewhere(sql: str, *params: Any) -> Any:
+    """A value read by a connection of its own: only what committed."""
+    with admin_connection() as other:
+        row = other.execute(sql, params).fetchone()
+        return row[0] if row else None
+
+
+def test_the_completion_carries_the_views_commit(record_table, commands, statements):
+    token = TokenFactory(user__username="commit-with")
+    commands.clear()
+    statements.clear()
+    response = token_client(token.key).post(
+        "/widgets", {"name": "one-trip"}, format="json", HTTP_IDEMPOTENCY_KEY=str(uuid.uuid4())
+    )
+    assert response.status_code == 201, response.content
+    completion = [sql for sql in statements if "django_idempotency_complete(" in sql]
+    assert len(completion) == 1 and completion[0].rstrip().endswith("COMMIT")
+    assert commands == [b"BEGIN"]  # the view's; no COMMIT of its own: none left to send
+    widget = response.json()["id"]
+    assert committed_elsewhere("SELECT name FROM testapp_widget WHERE id = %s", widget) == (
+        "one-trip"
+    )
+    state = committed_elsewhere("SELECT state FROM django_idempotency_record")
+    assert state == "completed"
+
+
+def test_a_lease_lost_before_the_committing_completion_commits_nothing(record_table):
+    won = claim(scope())
+    stolen = dataclasses.replace(won, owner_token=uuid.uuid4())  # as if taken over
+    with pytest.raises(exceptions.LeaseLost), transactions.atomic("default"):
+        Widget.objects.create(name="must-not-commit")
+        assert store.commits_with_completion(connection)
+        store.complete(stolen, RESPONSE, commit=True)
+    assert committed_elsewhere("SELECT count(*) FROM testapp_widget") == 0
+    assert IdempotencyRecord.objects.get(pk=won.record_id).state == "claimed"
+    with transactions.atomic("default"):  # its rightful owner still completes it
+        assert store.complete(won, RESPONSE, commit=True) is True
+    assert (
+        committed_elsewhere(
+            "SELECT state FROM django_idempotency_record WHERE id = %s", won.record_id
+        )
+        == "completed"
+    )
+
+
+def test_the_completion_function_raises_when_fenced_off(record_table):
+    won = claim(scope())
+    for stale in (
+        dataclasses.replace(won, owner_token=uuid.uuid4()),  # taken over
+        dataclasses.replace(won, record_id=won.record_id + 10_000),  # gone
+    ):
+        with pytest.raises(exceptions.LeaseLost) as raised, transaction.atomic():
+            store.complete(stale, RESPONSE)
+        assert getattr(raised.value.__cause__.__cause__, "sqlstate", None) == "DIF01"
+        assert f"record {stale.record_id} was fenced off" in str(raised.value.__cause__)
+    assert IdempotencyRecord.objects.get(pk=won.record_id).state == "claimed"
+    with transaction.atomic():
+        assert store.complete(won, RESPONSE) is False  # not asked to commit: it did not
+    row = IdempotencyRecord.objects.get(pk=won.record_id)
+    assert (row.state, row.response_status, bytes(row.response_body)) == ("completed", 201, b"{}")
+
+
+def test_a_completion_late_in_a_short_window_pushes_the_window_past_its_lease(record_table):
+    """A window shorter than the lease: the completion keeps the response replayable for
+    at least the lease after it commits; a stale owner's completion is fenced off."""
+    with transaction.atomic():
+        won = store.claim(scope(), FP, lease=30, retention=1)
+        assert isinstance(won, store.Claim)
+        window = IdempotencyRecord.objects.get(pk=won.record_id).expires_at
+        stale = dataclasses.replace(won, owner_token=uuid.uuid4())
+        with pytest.raises(exceptions.LeaseLost), transaction.atomic():
+            store.complete(stale, RESPONSE)
+        assert store.complete(won, RESPONSE) is False
+        row = IdempotencyRecord.objects.get(pk=won.record_id)
+        assert row.state == "completed" and row.expires_at > window
+
+
+def test_no_committing_completion_above_read_committed_or_with_server_binding(
+    record_table, monkeypatch
+):
+    options = connection.settings_dict.setdefault("OPTIONS", {})
+    assert store.commits_with_completion(connection)
+    from django.db.backends.postgresql.psycopg_any import IsolationLevel
+
+    monkeypatch.setitem(options, "isolation_level", IsolationLevel.REPEATABLE_READ)
+    assert not store.commits_with_completion(connection)
+    monkeypatch.setitem(options, "isolation_level", IsolationLevel.READ_COMMITTED)
+    assert store.commits_with_completion(connection)
+    monkeypatch.setattr(store_isolation, "strict_databases", {"default"})  # the server's default
+    assert not store.commits_with_completion(connection)  # is stricter (claims found out)
+    monkeypatch.setattr(store_isolation, "strict_databases", set())
+    assert store.commits_with_completion(connection)
+    monkeypatch.setitem(options, "server_side_binding", True)
+    assert not store.commits_with_completion(connection)
+
+
+def test_only_the_apps_outermost_block_commits_with_the_completion(record_table):
+    assert not transactions.outermost_own("default")  # no block at all
+    with transactions.atomic("default"):
+        assert transactions.outermost_own("default")
+        with transaction.atomic():  # a savepoint inside: the view's block still open
+            assert not transactions.outermost_own("default")
+        assert transactions.outermost_own("default")
+    with transaction.atomic(), transactions.atomic("default"):  # someone else's outside
+        assert not transactions.outermost_own("default")
+
+
+def test_a_deferred_constraint_refused_by_the_committing_completion_is_the_views_error(
+    record_table, statements
+):
+    """The COMMIT that carries the completion raises the view's IntegrityError (every
+    foreign key Django creates on PostgreSQL is DEFERRABLE INITIALLY DEFERRED)."""
+    from django.db import IntegrityError
+
+    token = TokenFactory(user__username="deferred-commit")
+    client = token_client(token.key)
+    client.raise_request_exception = True
+    key = str(uuid.uuid4())
+    with pytest.raises(IntegrityError):
+        client.post("/tx/deferred", {}, format="json", HTTP_IDEMPOTENCY_KEY=key)
+    assert any("django_idempotency_complete(" in sql for sql in statements)
+    assert committed_elsewhere("SELECT count(*) FROM testapp_widget") == 0
+    assert committed_elsewhere("SELECT count(*) FROM django_idempotency_record") == 0

@@ -1,0 +1,1 @@
+"""Shared helpers of the test suite: factories, faults, workers, test apps, URLconfs."""

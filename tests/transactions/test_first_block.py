@@ -1,0 +1,145 @@
+"""Views whose first statement opens a block (a savepoint first) on real PostgreSQL:
+the view's transaction starts as Django believes it does (psycopg never switched to
+autocommit inside Django's block), its held releases are sent in order, and every
+failure (an error, a 503, a takeover, a killed connection) leaves a fresh connection
+for the next request."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from django_idempotency.models import IdempotencyRecord
+from django_idempotency.store import isolation as store_isolation
+from tests.support.concurrency import token_client
+from tests.support.factories import TokenFactory
+from tests.support.faults import admin_connection, terminate
+from tests.support.testapp.gates import HOOKS
+from tests.support.testapp.models import Widget
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+
+def post(path: str, key: str | None, data: dict[str, Any] | None = None) -> Any:
+    token = TokenFactory(user__username=f"first-block-{uuid.uuid4().hex[:8]}")
+    headers = {"HTTP_IDEMPOTENCY_KEY": key} if key else {}
+    return token_client(token.key).post(path, data or {}, format="json", **headers)
+
+
+def test_a_locking_iterator_works_in_a_view_whose_first_statement_is_a_savepoint():
+    """Django declares ``.iterator()``'s server-side cursor ``WITH HOLD`` when the
+    *psycopg* connection is in autocommit (``withhold=self.connection.autocommit`` in
+    django/db/backends/postgresql/base.py), and PostgreSQL refuses ``WITH HOLD`` with
+    ``FOR UPDATE``. The view's first savepoint must not carry the transaction's ``BEGIN``
+    by switching psycopg to autocommit while the view runs in the app's transaction
+    (this view would fail with a 500, NotSupportedError): psycopg stays as Django set
+    it, and the view, whose first statement is a savepoint, works."""
+    keyed = post("/first-block/lock-iterate", str(uuid.uuid4()))
+    assert keyed.status_code == 201, keyed.content[:300]
+    assert keyed.json() == {"names": ["first"]}
+    assert IdempotencyRecord.objects.get().state == "completed"
+
+
+def test_a_caught_failing_copy_after_a_closed_block_keeps_the_views_writes():
+    """A statement that bypasses Django's execute wrappers (psycopg's ``cursor.copy()``)
+    and fails aborts the transaction while the inner block's release is still held.
+    Django then rolls back to the outer block's savepoint, which recovers the
+    transaction, but the wrapper first sends the held ``RELEASE SAVEPOINT`` into the
+    aborted transaction: it fails, Django's rollback to the savepoint is skipped and the
+    whole app block is marked for rollback. The view's next write then raises
+    (``TransactionManagementError``): a 500 and the view's committed-before writes lost,
+    where without the held release the view answers 201 and keeps them."""
+    unkeyed = post("/first-block/copy-caught", None)
+    assert unkeyed.status_code == 201, unkeyed.content
+    assert sorted(Widget.objects.values_list("name", flat=True)) == ["after", "kept"]
+    Widget.objects.all().delete()
+    with CaptureQueriesContext(connection):  # the control: while logging, nothing is held
+        control = post("/first-block/copy-caught", str(uuid.uuid4()))
+    assert control.status_code == 201, control.content[:300]
+    assert sorted(Widget.objects.values_list("name", flat=True)) == ["after", "kept"]
+    Widget.objects.all().delete()
+    IdempotencyRecord.objects.all().delete()
+    keyed = post("/first-block/copy-caught", str(uuid.uuid4()))
+    assert keyed.status_code == 201, keyed.content[:300]
+    assert sorted(Widget.objects.values_list("name", flat=True)) == ["after", "kept"]
+    assert IdempotencyRecord.objects.get().state == "completed"
+    assert connection.get_autocommit() and connection.connection.autocommit is True
+
+
+@pytest.fixture(autouse=True)
+def _no_hooks() -> Any:
+    yield
+    HOOKS.clear()
+
+
+def committed() -> list[str]:
+    """The view's rows another session sees (committed)."""
+    with admin_connection() as admin:
+        rows = admin.execute(
+            "SELECT name FROM testapp_widget WHERE name IN ('first', 'last')"
+        ).fetchall()
+    return sorted(name for (name,) in rows)
+
+
+def assert_fresh() -> None:
+    """Django and psycopg agree on autocommit, no transaction is left open, an unkeyed
+    write commits at once and a keyed request works."""
+    raw = connection.connection
+    if raw is not None and not raw.closed:
+        assert connection.get_autocommit() and raw.autocommit is True
+        assert int(raw.info.transaction_status) == 0
+    name = f"auto-{uuid.uuid4().hex[:6]}"
+    Widget.objects.create(name=name)
+    with admin_connection() as admin:
+        seen = admin.execute("SELECT count(*) FROM testapp_widget WHERE name = %s", [name])
+        assert seen.fetchone() == (1,)
+    again = post("/first-block/block-then", str(uuid.uuid4()))
+    assert again.status_code == 201, again.content[:300]
+
+
+def test_the_two_step_completion_of_a_view_that_opens_a_block_first(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """The server's default isolation is stricter (store_isolation.strict_databases): no COMMIT
+    with the completion; the COMMIT goes on its own at the block's exit."""
+    monkeypatch.setattr(store_isolation, "strict_databases", {"default"})
+    assert post("/first-block/block-then", str(uuid.uuid4())).status_code == 201
+    assert committed() == ["first", "last"]
+    assert IdempotencyRecord.objects.get().state == "completed"
+    assert_fresh()
+    assert post("/first-block/block-then", str(uuid.uuid4()), {"mode": "raise"}).status_code == 500
+    assert_fresh()
+
+
+@pytest.mark.parametrize(("data", "status"), [({"mode": "raise"}, 500), ({"status": 503}, 503)])
+def test_a_failure_after_a_view_that_opens_a_block_first_leaves_a_fresh_connection(data, status):
+    assert post("/first-block/block-then", str(uuid.uuid4()), data).status_code == status
+    assert committed() == [] and not IdempotencyRecord.objects.exists()
+    assert_fresh()
+
+
+def test_a_takeover_after_a_view_that_opens_a_block_first_commits_nothing():
+    def fence(request: object) -> None:
+        with admin_connection() as admin:
+            admin.execute(
+                "UPDATE django_idempotency_record SET owner_token = gen_random_uuid() "
+                "WHERE state = 'claimed'"
+            )
+
+    HOOKS["during_view"] = fence
+    assert post("/first-block/block-then", str(uuid.uuid4())).status_code == 409
+    HOOKS.clear()
+    assert committed() == []
+    assert_fresh()
+
+
+def test_a_connection_killed_after_a_view_that_opens_a_block_first():
+    HOOKS["during_view"] = lambda request: terminate(connection.connection.info.backend_pid)
+    assert post("/first-block/block-then", str(uuid.uuid4())).status_code in (500, 503)
+    HOOKS.clear()
+    assert committed() == []
+    assert_fresh()
