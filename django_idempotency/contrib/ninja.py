@@ -142,7 +142,7 @@ def idempotent(view: F | None = None, /, **options: Any) -> F | Callable[[F], F]
 def _install(options: Options, operation: Operation) -> None:
     """Protect ``operation`` (and every copy Ninja makes of it when a router is mounted)."""
     name = getattr(operation.view_func, "__qualname__", repr(operation.view_func))
-    if operation.stream_format is not None:
+    if getattr(operation, "stream_format", None) is not None:
         raise TypeError(
             f"@idempotent cannot protect the streaming operation {name}: its response "
             "is sent as it is produced, so there is nothing to store and replay."
