@@ -67,11 +67,13 @@ _OPERATION = "_idempotency_ninja_operation"
 def auth_principal(request: Any) -> str | None:
     """The principal of a Ninja request: who ``request.auth`` says authenticated.
 
-    Ninja sets ``request.auth`` to what the operation's authentication returned. A
-    model instance (a user, an API key row) is named by its model label and the SHA-256
-    of its primary key; a string, bytes or integer credential (a token, a JWT) by its
-    SHA-256 (:func:`~django_idempotency.principals.auth_token_principal`): the credential
-    itself is never stored. Anything else (``True``, an object of your own) falls back to
+    Ninja sets ``request.auth`` to what the operation's authentication returned. A user
+    (a model instance whose ``is_authenticated`` is true) is ``"<app_label>.<model>:<pk>"``,
+    as :func:`~django_idempotency.principals.user_principal` names it; another model
+    instance (an API key row) is named by its model label and the SHA-256 of its primary
+    key, and a string, bytes or integer credential (a token, a JWT) by its SHA-256
+    (:func:`~django_idempotency.principals.auth_token_principal`): the credential itself
+    is never stored. Anything else (``True``, an object of your own) falls back to
     Django's ``request.user`` (:func:`~django_idempotency.principals.user_principal`).
     Returns ``None`` (the keyed request is refused, nothing claimed) when there is no
     principal; pass ``principal=`` to :func:`idempotent` to scope keys otherwise.
@@ -82,7 +84,10 @@ def auth_principal(request: Any) -> str | None:
     auth = getattr(request, "auth", None)
     if auth is None or isinstance(auth, bool):
         return user_principal(request)
-    if getattr(auth, "_meta", None) is not None and getattr(auth, "pk", None) is not None:
+    meta = getattr(auth, "_meta", None)
+    if meta is not None and getattr(auth, "pk", None) is not None:
+        if getattr(auth, "is_authenticated", False) is True:  # a user, as user_principal
+            return f"{meta.label_lower}:{auth.pk}"
         return auth_token_principal(request)
     if isinstance(auth, (str, bytes, int)):
         return auth_token_principal(request)

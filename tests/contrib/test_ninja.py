@@ -145,11 +145,24 @@ def test_the_principal_is_request_auth_two_users_one_key_two_executions(alice: A
     assert not second.has_header("Idempotent-Replayed")
     assert first.json()["id"] != second.json()["id"]
     principals = set(IdempotencyRecord.objects.values_list("principal", flat=True))
-    assert principals == {
-        auth_principal(type("R", (), {"auth": alice.user})()),
-        auth_principal(type("R", (), {"auth": bob.user})()),
-    }
-    assert all(p.startswith("auth.user:") for p in principals)
+    assert principals == {f"auth.user:{alice.user.pk}", f"auth.user:{bob.user.pk}"}
+
+
+def test_auth_principal_names_each_kind_of_credential(db: Any, alice: Any) -> None:
+    import hashlib
+
+    def principal(auth: Any, user: Any = None) -> str | None:
+        return auth_principal(type("Request", (), {"auth": auth, "user": user})())
+
+    digest = hashlib.sha256(b"tok-1").hexdigest()
+    assert principal(alice.user) == f"auth.user:{alice.user.pk}"
+    assert principal(alice) == (
+        f"authtoken.token:{hashlib.sha256(alice.pk.encode()).hexdigest()}"
+    )  # a token row: its primary key is the secret
+    assert principal("tok-1") == f"credential:{digest}"
+    assert principal(True, alice.user) == f"auth.user:{alice.user.pk}"
+    assert principal(object(), None) is None
+    assert principal(None, None) is None
 
 
 @pytest.mark.django_db
