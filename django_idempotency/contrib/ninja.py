@@ -18,7 +18,8 @@ byte for byte with ``Idempotent-Replayed: true``. The principal is taken from
 from the operation's route (``"POST /api/workers/{worker_id}/reboot"``), the fingerprint
 from the raw body. The operation's OpenAPI schema (``api.get_openapi_schema()``)
 declares the ``Idempotency-Key`` header, the ``400``/``409``/``422`` problem responses
-and the ``x-idempotency`` key policy.
+and the ``x-idempotency`` key policy. With ``ATOMIC_REQUESTS``, mount the API with
+:func:`api_urls` so that protected operations claim outside the request's transaction.
 
 This module imports ``ninja``; nothing else in the app imports this module.
 """
@@ -34,6 +35,7 @@ from typing import Any, TypeVar, overload
 
 from asgiref.sync import async_to_sync, sync_to_async
 from django.http.response import HttpResponseBase
+from ninja import NinjaAPI
 from ninja.operation import Operation
 from ninja.utils import contribute_operation_callback
 
@@ -48,12 +50,17 @@ from django_idempotency.contrib.openapi_parts import (
 from django_idempotency.principals import auth_token_principal, user_principal
 from django_idempotency.protocol import problems
 from django_idempotency.protocol.begin import SAFE_METHODS
-from django_idempotency.protocol.handle import make_finalizer, run
+from django_idempotency.protocol.handle import (
+    atomic_requests_blocks,
+    make_finalizer,
+    mark_non_atomic,
+    run,
+)
 from django_idempotency.protocol.keys import HEADER
 from django_idempotency.protocol.options import Options
 from django_idempotency.protocol.responses import REPLAYED_HEADER
 
-__all__ = ["auth_principal", "idempotent", "options_for"]
+__all__ = ["api_urls", "auth_principal", "idempotent", "options_for"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -62,6 +69,9 @@ _OPTIONS = "_idempotency_ninja_options"
 
 #: Attribute of a request: the Ninja operation serving it (set before Ninja's checks).
 _OPERATION = "_idempotency_ninja_operation"
+
+#: Attribute of an operation whose ``run`` :func:`api_urls` put in ``ATOMIC_REQUESTS``.
+_IN_ATOMIC_REQUESTS = "_idempotency_in_atomic_requests"
 
 
 def auth_principal(request: Any) -> str | None:
@@ -142,6 +152,53 @@ def idempotent(view: F | None = None, /, **options: Any) -> F | Callable[[F], F]
     if view is not None:
         return decorator(view)
     return decorator
+
+
+def api_urls(api: NinjaAPI) -> tuple[list[Any], str, str]:
+    """``api.urls``, for a project with ``ATOMIC_REQUESTS``, protected operations exempted.
+
+    Mount it as ``path("api/", api_urls(api))``. Django wraps the URL view Ninja makes
+    for each path in the request's transaction, so a protected operation would claim
+    its key inside it (a duplicate would wait instead of getting a 409). The views
+    returned here are exempted from
+    ``ATOMIC_REQUESTS``; each unprotected sync operation of the API runs in the
+    ``ATOMIC_REQUESTS`` blocks itself instead (its authentication included, as Django
+    would), and each protected operation claims first, then runs in its own
+    transaction. Unprotected async operations run without a request transaction
+    (Django refuses ``ATOMIC_REQUESTS`` for async views). Without ``ATOMIC_REQUESTS``,
+    ``api.urls`` is enough.
+
+    Args:
+        api: the ``NinjaAPI``, with all its routers added.
+
+    Returns:
+        What ``api.urls`` returns: ``(patterns, app_name, namespace)``, for ``path()``.
+    """
+    patterns, app_name, namespace = api.urls
+    for bound_router in api._get_bound_routers():
+        for path_view in bound_router.path_operations.values():
+            for operation in path_view.operations:
+                protected = options_for(operation) is not None
+                if protected or operation.is_async or hasattr(operation, _IN_ATOMIC_REQUESTS):
+                    continue
+                operation.run = _in_atomic_requests(operation.run)  # type: ignore[method-assign]
+                setattr(operation, _IN_ATOMIC_REQUESTS, True)
+    for pattern in patterns:
+        callback = getattr(pattern, "callback", None)
+        if callback is not None:
+            mark_non_atomic(callback)
+    return patterns, app_name, namespace
+
+
+def _in_atomic_requests(operation_run: Callable[..., Any]) -> Callable[..., Any]:
+    """``operation_run`` inside the ``ATOMIC_REQUESTS`` blocks its URL view no longer gets."""
+
+    @wraps(operation_run)
+    def atomic_run(request: Any, *args: Any, **kwargs: Any) -> Any:
+        with atomic_requests_blocks():
+            return operation_run(request, *args, **kwargs)
+
+    return atomic_run
 
 
 def _install(options: Options, operation: Operation) -> None:

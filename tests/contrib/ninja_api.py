@@ -87,6 +87,13 @@ def unprotected(request: HttpRequest, payload: WidgetIn) -> Any:
     return Status(201, Widget.objects.create(name=payload.name, size=payload.size))
 
 
+@router.post("/unprotected-fails")
+def unprotected_fails(request: HttpRequest, payload: WidgetIn) -> Any:
+    """Writes, then raises: under ``ATOMIC_REQUESTS`` the write is rolled back."""
+    Widget.objects.create(name=payload.name)
+    raise RuntimeError("the unprotected operation failed after its write")
+
+
 @router.post("/async-widgets", response={201: WidgetOut})
 @idempotent(wait=0)
 async def create_widget_async(request: HttpRequest, payload: WidgetIn) -> Any:

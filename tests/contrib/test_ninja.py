@@ -62,7 +62,7 @@ def post(
 
 def test_the_public_names_of_the_ninja_integration() -> None:
     module = importlib.import_module("django_idempotency.contrib.ninja")
-    assert sorted(module.__all__) == ["auth_principal", "idempotent", "options_for"]
+    assert sorted(module.__all__) == ["api_urls", "auth_principal", "idempotent", "options_for"]
     for name in module.__all__:
         assert callable(getattr(module, name))
 
@@ -452,3 +452,50 @@ def test_openapi_declares_the_header_and_problems_on_protected_operations_only()
 def test_the_module_imports_nothing_of_drf_spectacular() -> None:
     assert "drf_spectacular" not in vars(contrib_ninja)
     assert router.path_operations  # the test API is built
+
+
+# --- ATOMIC_REQUESTS: api_urls ---------------------------------------------------------
+
+
+@pytest.fixture
+def atomic_requests(monkeypatch: Any, settings: Any) -> None:
+    from django.db import connections
+
+    monkeypatch.setitem(connections["default"].settings_dict, "ATOMIC_REQUESTS", True)
+    monkeypatch.setitem(settings.DATABASES["default"], "ATOMIC_REQUESTS", True)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_with_atomic_requests_plain_api_urls_claim_inside_the_request_transaction(
+    alice: Any, atomic_requests: None
+):
+    from django_idempotency.exceptions import OuterTransactionWarning
+
+    with pytest.warns(OuterTransactionWarning, match="inside a transaction"):
+        post("widgets", alice, key())
+
+
+@pytest.mark.urls("tests.contrib.ninja_atomic_urls")
+@pytest.mark.django_db(transaction=True)
+def test_with_atomic_requests_api_urls_claims_first_and_keeps_the_others_atomic(
+    alice: Any, atomic_requests: None
+):
+    idempotency_key = key()
+    first = post("widgets", alice, idempotency_key)  # no OuterTransactionWarning
+    assert first.status_code == 201, first.content
+    replay = post("widgets", alice, idempotency_key)
+    assert replay.content == first.content and replay["Idempotent-Replayed"] == "true"
+    assert Widget.objects.count() == 1
+    with pytest.raises(RuntimeError, match="after its write"):
+        post("unprotected-fails", alice, None, {"name": "rolled back"})
+    assert not Widget.objects.filter(name="rolled back").exists()  # ATOMIC_REQUESTS kept
+    assert post("unprotected", alice, None).status_code == 201
+
+
+@pytest.mark.postgres
+@pytest.mark.urls("tests.contrib.ninja_atomic_urls")
+@pytest.mark.django_db(transaction=True)
+def test_with_atomic_requests_api_urls_a_concurrent_duplicate_gets_409(
+    alice: Any, gate: Any, atomic_requests: None
+):
+    _in_flight_duplicate("widgets", alice, gate)
