@@ -1,0 +1,338 @@
+"""Django Ninja: ``pip install django-idempotency[ninja]`` (docs/ninja.md).
+
+:func:`idempotent` protects a Ninja operation, sync or async::
+
+    from django_idempotency.contrib.ninja import idempotent
+
+    @router.post("/workers/{worker_id}/reboot", response={201: RebootOut})
+    @idempotent(retention=7 * 86400)
+    def reboot(request, worker_id: int, payload: RebootIn): ...
+
+The operation runs in Ninja's order: authentication (``auth=`` of the operation, router
+or API) and throttling, then the parameters and the body are parsed and validated, then
+the key is claimed and the operation runs. What it returns (a dict, a ``Schema``, a
+``Status``, an ``HttpResponse``) is rendered through the API's renderer and the
+response models, as Ninja would, and those bytes are stored; a retry gets them back
+byte for byte with ``Idempotent-Replayed: true``. The principal is taken from
+``request.auth`` (:func:`auth_principal`; ``principal=`` chooses another), the endpoint
+from the operation's route (``"POST /api/workers/{worker_id}/reboot"``), the fingerprint
+from the raw body. The operation's OpenAPI schema (``api.get_openapi_schema()``)
+declares the ``Idempotency-Key`` header, the ``400``/``409``/``422`` problem responses
+and the ``x-idempotency`` key policy. With ``ATOMIC_REQUESTS``, mount the API with
+:func:`api_urls` so that protected operations claim outside the request's transaction.
+
+This module imports ``ninja``; nothing else in the app imports this module.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from functools import partial, wraps
+from inspect import iscoroutinefunction
+from types import MethodType
+from typing import Any, TypeVar, overload
+
+from asgiref.sync import async_to_sync, sync_to_async
+from django.http.response import HttpResponseBase
+from ninja import NinjaAPI
+from ninja.operation import Operation
+from ninja.utils import contribute_operation_callback
+
+from django_idempotency.conf import conf
+from django_idempotency.contrib.openapi_parts import (
+    _PROBLEM_SCHEMA,
+    _RESPONSES,
+    EXTENSION,
+    header_description,
+    policy,
+)
+from django_idempotency.principals import auth_token_principal, user_principal
+from django_idempotency.protocol import problems
+from django_idempotency.protocol.begin import SAFE_METHODS
+from django_idempotency.protocol.handle import (
+    atomic_requests_blocks,
+    make_finalizer,
+    mark_non_atomic,
+    run,
+)
+from django_idempotency.protocol.keys import HEADER
+from django_idempotency.protocol.options import Options
+from django_idempotency.protocol.responses import REPLAYED_HEADER
+
+__all__ = ["api_urls", "auth_principal", "idempotent", "options_for"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: Attribute of a protected operation function: its :class:`Options`.
+_OPTIONS = "_idempotency_ninja_options"
+
+#: Attribute of a request: the Ninja operation serving it (set before Ninja's checks).
+_OPERATION = "_idempotency_ninja_operation"
+
+#: Attribute of an operation whose ``run`` :func:`api_urls` put in ``ATOMIC_REQUESTS``.
+_IN_ATOMIC_REQUESTS = "_idempotency_in_atomic_requests"
+
+
+def auth_principal(request: Any) -> str | None:
+    """The principal of a Ninja request: who ``request.auth`` says authenticated.
+
+    Ninja sets ``request.auth`` to what the operation's authentication returned. A user
+    (a model instance whose ``is_authenticated`` is true) is ``"<app_label>.<model>:<pk>"``,
+    as :func:`~django_idempotency.principals.user_principal` names it; another model
+    instance (an API key row) is named by its model label and the SHA-256 of its primary
+    key, and a string, bytes or integer credential (a token, a JWT) by its SHA-256
+    (:func:`~django_idempotency.principals.auth_token_principal`): the credential itself
+    is never stored. Anything else (``True``, an object of your own) falls back to
+    Django's ``request.user`` (:func:`~django_idempotency.principals.user_principal`).
+    Returns ``None`` (the keyed request is refused, nothing claimed) when there is no
+    principal; pass ``principal=`` to :func:`idempotent` to scope keys otherwise.
+
+    Args:
+        request: the Django ``HttpRequest`` Ninja serves.
+    """
+    auth = getattr(request, "auth", None)
+    if auth is None or isinstance(auth, bool):
+        return user_principal(request)
+    meta = getattr(auth, "_meta", None)
+    if meta is not None and getattr(auth, "pk", None) is not None:
+        if getattr(auth, "is_authenticated", False) is True:  # a user, as user_principal
+            return f"{meta.label_lower}:{auth.pk}"
+        return auth_token_principal(request)
+    if isinstance(auth, (str, bytes, int)):
+        return auth_token_principal(request)
+    return user_principal(request)
+
+
+def options_for(operation: Operation) -> Options | None:
+    """The idempotency options protecting a Ninja ``operation``, or ``None``."""
+    options = getattr(operation.view_func, _OPTIONS, None)
+    return options if isinstance(options, Options) else None
+
+
+@overload
+def idempotent(view: F, /) -> F: ...
+@overload
+def idempotent(view: None = None, /, **options: Any) -> Callable[[F], F]: ...
+
+
+def idempotent(view: F | None = None, /, **options: Any) -> F | Callable[[F], F]:
+    """Make a Ninja operation honour the ``Idempotency-Key`` header.
+
+    Put it below the operation decorator (``@router.post(...)``, ``@api.put(...)``),
+    bare or with the keyword options of ``django_idempotency.idempotent``
+    (``required``, ``lease``, ``retention``, ``wait``, ``phases``, ``using``,
+    ``principal``, ``key``, ...). ``principal`` defaults to :func:`auth_principal`
+    (``request.auth``); the ``PRINCIPAL_RESOLVER`` setting does not apply here.
+
+    Raises:
+        TypeError: an unknown or invalid option; the function is already protected; the
+            operation is a streaming one (``response=...`` of a stream: its chunks are
+            sent as they are made, so there is no response to store); or it answers
+            only safe methods (GET, HEAD, OPTIONS), which are never recorded.
+    """
+    opts = Options.from_kwargs(**options)
+    if opts.principal is None:
+        opts = dataclasses.replace(opts, principal=auth_principal)
+
+    def decorator(func: F) -> F:
+        if hasattr(func, _OPTIONS):
+            raise TypeError(
+                f"{func.__qualname__} is already @idempotent: a second one would claim "
+                "every key twice. Keep one."
+            )
+        setattr(func, _OPTIONS, opts)
+        operation = getattr(func, "_ninja_operation", None)
+        if isinstance(operation, Operation):  # above @router.post(...)
+            _install(opts, operation)
+        else:  # below it: Ninja calls back when it builds the operation
+            contribute_operation_callback(func, partial(_install, opts))
+        return func
+
+    if view is not None:
+        return decorator(view)
+    return decorator
+
+
+def api_urls(api: NinjaAPI) -> tuple[list[Any], str, str]:
+    """``api.urls``, for a project with ``ATOMIC_REQUESTS``, protected operations exempted.
+
+    Mount it as ``path("api/", api_urls(api))``. Django wraps the URL view Ninja makes
+    for each path in the request's transaction, so a protected operation would claim
+    its key inside it (a duplicate would wait instead of getting a 409). The views
+    returned here are exempted from
+    ``ATOMIC_REQUESTS``; each unprotected sync operation of the API runs in the
+    ``ATOMIC_REQUESTS`` blocks itself instead (its authentication included, as Django
+    would), and each protected operation claims first, then runs in its own
+    transaction. Unprotected async operations run without a request transaction
+    (Django refuses ``ATOMIC_REQUESTS`` for async views). Without ``ATOMIC_REQUESTS``,
+    ``api.urls`` is enough.
+
+    Args:
+        api: the ``NinjaAPI``, with all its routers added.
+
+    Returns:
+        What ``api.urls`` returns: ``(patterns, app_name, namespace)``, for ``path()``.
+    """
+    patterns, app_name, namespace = api.urls
+    for bound_router in api._get_bound_routers():
+        for path_view in bound_router.path_operations.values():
+            for operation in path_view.operations:
+                protected = options_for(operation) is not None
+                if protected or operation.is_async or hasattr(operation, _IN_ATOMIC_REQUESTS):
+                    continue
+                operation.run = _in_atomic_requests(operation.run)  # type: ignore[method-assign]
+                setattr(operation, _IN_ATOMIC_REQUESTS, True)
+    for pattern in patterns:
+        callback = getattr(pattern, "callback", None)
+        if callback is not None:
+            mark_non_atomic(callback)
+    return patterns, app_name, namespace
+
+
+def _in_atomic_requests(operation_run: Callable[..., Any]) -> Callable[..., Any]:
+    """``operation_run`` inside the ``ATOMIC_REQUESTS`` blocks its URL view no longer gets."""
+
+    @wraps(operation_run)
+    def atomic_run(request: Any, *args: Any, **kwargs: Any) -> Any:
+        with atomic_requests_blocks():
+            return operation_run(request, *args, **kwargs)
+
+    return atomic_run
+
+
+def _install(options: Options, operation: Operation) -> None:
+    """Protect ``operation`` (and every copy Ninja makes of it when a router is mounted)."""
+    name = getattr(operation.view_func, "__qualname__", repr(operation.view_func))
+    if getattr(operation, "stream_format", None) is not None:
+        raise TypeError(
+            f"@idempotent cannot protect the streaming operation {name}: its response "
+            "is sent as it is produced, so there is nothing to store and replay."
+        )
+    if all(method.upper() in SAFE_METHODS for method in operation.methods):
+        raise TypeError(
+            f"@idempotent on {name}, which answers only {', '.join(operation.methods)}: "
+            "safe methods are never recorded. Protect POST, PUT, PATCH or DELETE."
+        )
+    view = operation.view_func
+    wrapper = _protect(view, options, f"{view.__module__}.{view.__qualname__}")
+    setattr(wrapper, _OPTIONS, options)
+    operation.view_func = wrapper
+    # Ninja copies each operation when a router is bound to an API, then applies
+    # ``_run_decorators`` to the copy's ``run``: ours first, so it is the copy's own.
+    decorators = [_remember_operation, *getattr(operation, "_run_decorators", [])]
+    operation._run_decorators = decorators  # type: ignore[attr-defined]
+    bound: Any = MethodType(type(operation).run, operation)
+    for decorate in decorators:
+        bound = decorate(bound)
+    operation.run = bound  # type: ignore[method-assign]
+    operation.openapi_extra = _openapi_extra(options, operation)
+
+
+def _remember_operation(operation_run: Any) -> Any:
+    """``operation.run`` that first notes the operation on the request."""
+    operation = getattr(operation_run, "__self__", None)
+    if not isinstance(operation, Operation):
+        raise TypeError(
+            "django_idempotency.contrib.ninja could not find the operation it protects: "
+            "a run decorator was applied before it."
+        )
+
+    @wraps(operation_run)
+    def remembering(request: Any, *args: Any, **kwargs: Any) -> Any:
+        setattr(request, _OPERATION, operation)
+        return operation_run(request, *args, **kwargs)
+
+    return remembering
+
+
+def _render(request: Any, result: Any, values: dict[str, Any]) -> HttpResponseBase:
+    """``result`` of the operation as the ``HttpResponse`` Ninja would send.
+
+    Raises:
+        RuntimeError: the request was not served by a Ninja operation.
+    """
+    operation: Operation | None = getattr(request, _OPERATION, None)
+    if operation is None:
+        raise RuntimeError("a django_idempotency.contrib.ninja operation was called outside Ninja")
+    response_arg = operation.signature.response_arg
+    temporal = values.get(response_arg) if response_arg else None
+    if temporal is None:
+        temporal = operation.api.create_temporal_response(request)
+    return operation._result_to_response(request, result, temporal)
+
+
+def _protect(view: Callable[..., Any], options: Options, view_name: str) -> Callable[..., Any]:
+    """``view`` (Ninja's operation function) run under the idempotency protocol."""
+    if iscoroutinefunction(view):
+
+        @wraps(view)
+        async def _async_operation(request: Any, *args: Any, **values: Any) -> Any:
+            def call() -> HttpResponseBase:
+                result = async_to_sync(view)(request, *args, **values)
+                return _render(request, result, values)
+
+            finalize = make_finalizer(request, (), {})
+            return await sync_to_async(run, thread_sensitive=True)(
+                request, options, view_name, call, finalize
+            )
+
+        return _async_operation
+
+    @wraps(view)
+    def _sync_operation(request: Any, *args: Any, **values: Any) -> Any:
+        def call() -> HttpResponseBase:
+            return _render(request, view(request, *args, **values), values)
+
+        return run(request, options, view_name, call, make_finalizer(request, (), {}))
+
+    return _sync_operation
+
+
+def _openapi_extra(options: Options, operation: Operation) -> dict[str, Any]:
+    """The operation's ``openapi_extra`` with the idempotency header and responses."""
+    extra: dict[str, Any] = dict(operation.openapi_extra or {})
+    if options.key is None:  # key= reads its own field of the request
+        extra["parameters"] = [
+            {
+                "in": "header",
+                "name": HEADER,
+                "required": options.get_required(),
+                "schema": {"type": "string", "minLength": 1, "maxLength": conf.max_key_length},
+                "description": header_description(options),
+            },
+            *extra.get("parameters", []),
+        ]
+    # Keyed by status code as ``int``, as Ninja keys the responses it generates, so
+    # these merge into Ninja's own (``openapi_extra`` is merged key by key).
+    responses: dict[Any, Any] = dict(extra.get("responses", {}))
+    for code in operation.response_models:
+        if isinstance(code, int) and 200 <= code < 300:
+            response = dict(responses.get(code, {}))
+            response["headers"] = {
+                REPLAYED_HEADER: {
+                    "schema": {"type": "string", "enum": ["true"]},
+                    "description": "Present when this is a replay of the stored response.",
+                },
+                **response.get("headers", {}),
+            }
+            responses[code] = response
+    for text, description in _RESPONSES.items():
+        code = int(text)
+        response = {
+            "description": description,
+            "content": {problems.CONTENT_TYPE: {"schema": dict(_PROBLEM_SCHEMA)}},
+            **responses.get(code, {}),
+        }
+        if code == 409:
+            response["headers"] = {
+                "Retry-After": {
+                    "schema": {"type": "integer", "minimum": 0},
+                    "description": "Seconds to wait before retrying with the same key.",
+                },
+                **response.get("headers", {}),
+            }
+        responses[code] = response
+    extra["responses"] = responses
+    extra.setdefault(EXTENSION, policy(options))
+    return extra
