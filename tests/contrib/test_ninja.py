@@ -22,11 +22,11 @@ from django_idempotency.contrib import ninja as contrib_ninja
 from django_idempotency.contrib.ninja import auth_principal, idempotent, options_for
 from django_idempotency.models import IdempotencyRecord, OutboxMessage
 from django_idempotency.protocol.keys import HEADER
-from tests.contrib.ninja_api import api, router
-from tests.testapp.gates import Gate
-from tests.testapp.models import Widget
+from tests.support.ninja_api import api, router
+from tests.support.testapp.gates import Gate
+from tests.support.testapp.models import Widget
 
-URLS = "tests.contrib.ninja_api"
+URLS = "tests.support.ninja_api"
 PROBLEM = "application/problem+json"
 
 pytestmark = pytest.mark.urls(URLS)
@@ -475,7 +475,7 @@ def test_with_atomic_requests_plain_api_urls_claim_inside_the_request_transactio
         post("widgets", alice, key())
 
 
-@pytest.mark.urls("tests.contrib.ninja_atomic_urls")
+@pytest.mark.urls("tests.support.ninja_atomic_urls")
 @pytest.mark.django_db(transaction=True)
 def test_with_atomic_requests_api_urls_claims_first_and_keeps_the_others_atomic(
     alice: Any, atomic_requests: None
@@ -493,7 +493,7 @@ def test_with_atomic_requests_api_urls_claims_first_and_keeps_the_others_atomic(
 
 
 @pytest.mark.postgres
-@pytest.mark.urls("tests.contrib.ninja_atomic_urls")
+@pytest.mark.urls("tests.support.ninja_atomic_urls")
 @pytest.mark.django_db(transaction=True)
 def test_with_atomic_requests_api_urls_a_concurrent_duplicate_gets_409(
     alice: Any, gate: Any, atomic_requests: None

@@ -1,8 +1,8 @@
 """A Ninja API protected by ``contrib.ninja``, served by gunicorn, over real HTTP.
 
-The server runs on the suite's test database (``tests.contrib.ninja_server``), so the
+The server runs on the suite's test database (``tests.support.ninja_server``), so the
 test creates the tokens and counts the rows. A duplicate of a request held in the
-operation (on two FIFOs, ``tests.contrib.ninja_api.hold``) gets 409 with Retry-After.
+operation (on two FIFOs, ``tests.support.ninja_api.hold``) gets 409 with Retry-After.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import pytest
 
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.protocol.keys import HEADER
-from tests.testapp.models import Widget
+from tests.support.testapp.models import Widget
 
 ROOT = Path(__file__).resolve().parents[2]
 PROBLEM = "application/problem+json"
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 class NinjaServer:
-    """gunicorn (one worker, threaded) serving ``tests.contrib.ninja_wsgi``."""
+    """gunicorn (one worker, threaded) serving ``tests.support.ninja_wsgi``."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
@@ -47,7 +47,7 @@ class NinjaServer:
     def start(self) -> None:
         env = dict(os.environ)
         env.update(
-            DJANGO_SETTINGS_MODULE="tests.contrib.ninja_server",
+            DJANGO_SETTINGS_MODULE="tests.support.ninja_server",
             NINJA_GATE_DIR=str(self.folder),
             PYTHONPATH=str(ROOT),
         )
@@ -55,7 +55,7 @@ class NinjaServer:
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(
                 [
-                    sys.executable, "-m", "gunicorn", "tests.contrib.ninja_wsgi",
+                    sys.executable, "-m", "gunicorn", "tests.support.ninja_wsgi",
                     "--bind", f"fd://{fd}", "--workers", "1", "--threads", "8",
                 ],
                 cwd=ROOT,

@@ -1,8 +1,8 @@
-"""Settings of a server process serving ``tests.contrib.ninja_api`` over real HTTP.
+"""Settings of a server process serving ``tests.support.ninja_api`` over real HTTP.
 
 The suite's settings, on the test database the running pytest session created (so the
 server and the test see the same rows); ``DATABASE_URL`` chooses the backend as it does
-for the suite. ``tests.contrib.ninja_wsgi`` is the application gunicorn serves
+for the suite. ``tests.support.ninja_wsgi`` is the application gunicorn serves
 (``test_ninja_http.py``).
 """
 
@@ -17,4 +17,4 @@ DATABASES = {
         "NAME": _SUITE_DATABASES["default"]["TEST"]["NAME"],
     }
 }
-ROOT_URLCONF = "tests.contrib.ninja_api"
+ROOT_URLCONF = "tests.support.ninja_api"

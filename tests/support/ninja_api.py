@@ -2,7 +2,7 @@
 
 Authentication is the API's (``auth=``): a bearer DRF token, ``request.auth`` the
 token's user. ``X-Gate: <name>`` holds a request in the operation on the gate of that
-name (``tests.testapp.gates``); in a server process, ``X-Gate: fifo`` holds it on the
+name (``tests.support.testapp.gates``); in a server process, ``X-Gate: fifo`` holds it on the
 two FIFOs of ``NINJA_GATE_DIR`` (``entered`` written when the operation is reached,
 ``opened`` read before it goes on), so a test in another process can hold it too.
 """
@@ -23,8 +23,8 @@ from rest_framework.authtoken.models import Token
 
 from django_idempotency import outbox
 from django_idempotency.contrib.ninja import idempotent
-from tests.testapp.gates import GATES
-from tests.testapp.models import Widget
+from tests.support.testapp.gates import GATES
+from tests.support.testapp.models import Widget
 
 
 class TokenBearer(HttpBearer):

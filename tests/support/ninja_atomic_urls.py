@@ -5,6 +5,6 @@ from __future__ import annotations
 from django.urls import path
 
 from django_idempotency.contrib.ninja import api_urls
-from tests.contrib.ninja_api import api
+from tests.support.ninja_api import api
 
 urlpatterns = [path("ninja/", api_urls(api))]
