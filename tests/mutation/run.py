@@ -366,6 +366,17 @@ MUTANTS: list[Mutant] = [
         what="release deletes a record whose phase committed",
     ),
     m(
+        "S8p",
+        "store/sql.py",
+        "    WHERE id = %(id)s AND owner_token = %(token)s AND state = 'claimed'\n"
+        "      AND recovery_point = ''\n",
+        "    WHERE id = %(id)s AND owner_token = %(token)s AND state = 'claimed'\n",
+        tests=("tests/protocol/test_phase_records.py", "tests/protocol/test_phases.py"),
+        backends=(PG,),
+        what="release deletes a record whose phase committed (PG_RELEASE_UNLOCK_SQL, with "
+        "the presence lock)",
+    ),
+    m(
         "S9",
         "store/settle.py",
         "    side = connection.in_atomic_block and claim.committed\n",

@@ -29,9 +29,13 @@ def test_a_phased_view_with_an_optional_key_runs_unprotected_without_one():
     assert Widget.objects.count() == 4
 
 
-def test_release_never_deletes_a_record_whose_phase_committed():
+@pytest.mark.parametrize("presence", [True, False], ids=["owner-presence", "lease-only"])
+def test_release_never_deletes_a_record_whose_phase_committed(settings, presence):
     """``store.release`` of a claim whose phase ``a`` committed (though the caller may not
-    have heard it) deletes nothing: the record keeps its recovery point."""
+    have heard it) deletes nothing: the record keeps its recovery point. On PostgreSQL
+    with owner presence the release is one statement that also drops the presence lock;
+    without it (or on other databases) the fenced ORM delete."""
+    settings.IDEMPOTENCY = {"OWNER_PRESENCE": presence}
     scope = store.Scope("auth.user:1", "POST /x", "phase-committed")
     won = store.claim(scope, "f" * 64, lease=30, retention=60)
     with transaction.atomic():
