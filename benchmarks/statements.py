@@ -1,29 +1,31 @@
-"""The protocol's statements one by one: latency, PostgreSQL CPU and Python CPU each.
+"""The protocol's statements one by one, and two speed mechanisms A/B, statement by statement.
 
-Not a test: the measurement behind "Where the time goes" in docs/benchmarks.md. On a
-throwaway PostgreSQL database (loopback only), one connection, it times ``--requests``
-executions of:
+Not a test: a measurement (docs/contributing/performance.md). On a throwaway PostgreSQL
+database (loopback only), one connection, it runs ``--requests`` executions of each
+statement below, the two sides of each comparison interleaved in blocks of 50 (A B B A
+...), so drift and neighbours hit both alike:
 
-* the claim as django-idempotency sends it (``django_idempotency_claim(...)`` on the
-  day-partitioned table), the plain-table ``INSERT ... ON CONFLICT`` claim for
-  comparison, and both with ``synchronous_commit = off``;
-* the completion as ``store.complete`` sends it (an ORM ``UPDATE``) and the same
-  ``UPDATE`` as one precompiled SQL string, each in its own ``atomic()`` block;
-* a one-row ``INSERT`` in ``atomic()`` and ``atomic()`` around ``SELECT 1``, as
-  references.
+* the claim as django-idempotency sends it on the day-partitioned table, with its
+  ``COMMIT`` not waiting for the WAL flush (as shipped), against the same claim waiting
+  for it (``synchronous_commit`` left on);
+* the completion as ``store.complete`` sends it in its ``atomic()`` block, given the
+  claim's partition key (as shipped: one day partition planned and touched), against
+  the same without it (every partition);
+* ``atomic()`` around a one-row ``INSERT`` and around ``SELECT 1``, as references.
 
-PostgreSQL CPU is read from ``/proc/<backend pid>/stat`` (Linux, server on this
-machine); Python CPU is this process's. Usage::
+Per statement: the median latency, and the PostgreSQL CPU (``/proc/<backend pid>/stat``;
+Linux, server on this machine) and Python CPU per execution; per comparison, what the
+shipped side saves. CPU time is what the machine's other work disturbs least. Usage::
 
-    python benchmarks/statements.py --requests 1000
-    python benchmarks/statements.py --partitions 40     # 40 more day partitions first
+    python benchmarks/statements.py --requests 2000
+    python benchmarks/statements.py --partitions 30     # 30 more day partitions first
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
-import json
 import os
 import statistics
 import sys
@@ -38,13 +40,6 @@ sys.path.insert(0, str(ROOT / "example_project"))
 sys.path.insert(0, str(ROOT))
 
 from storm.server import ThrowawayDatabase  # noqa: E402
-
-COMPLETE_SQL = (
-    "UPDATE django_idempotency_record SET state = 'completed', response_status = %s, "
-    "response_headers = %s::jsonb, response_body = %s, completed_at = statement_timestamp(), "
-    "lease_until = statement_timestamp() "
-    "WHERE id = %s AND owner_token = %s AND state = 'claimed'"
-)
 
 
 def main() -> int:
@@ -82,7 +77,7 @@ def run(args: argparse.Namespace) -> None:
     from django.db import connection, transaction
 
     from django_idempotency import store
-    from django_idempotency.store import Scope, StoredResponse, sql
+    from django_idempotency.store import Scope, StoredResponse, rows
     from django_idempotency.store.sql import PG_PARTITIONED_CLAIM_SQL
 
     cursor = connection.cursor()
@@ -97,115 +92,84 @@ def run(args: argparse.Namespace) -> None:
         "SELECT count(*) FROM pg_inherits WHERE inhparent = 'django_idempotency_record'::regclass"
     )
     partitions = cursor.fetchone()[0]
-    cursor.execute("CREATE TABLE plain_record (LIKE django_idempotency_record INCLUDING DEFAULTS)")
-    cursor.execute(
-        "CREATE SEQUENCE plain_seq; ALTER TABLE plain_record ALTER id SET DEFAULT "
-        "nextval('plain_seq'); ALTER TABLE plain_record ADD PRIMARY KEY (id); "
-        "ALTER TABLE plain_record ADD UNIQUE (principal, endpoint, key)"
-    )
-    plain_claim = sql.PG_CLAIM_SQL.replace("django_idempotency_record", "plain_record")
     tick = os.sysconf("SC_CLK_TCK")
 
     def backend_cpu() -> float:
         fields = Path(f"/proc/{backend}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / tick
 
-    def params() -> dict[str, Any]:
-        return {
-            "principal": "bench",
-            "endpoint": "POST /v1/workers",
-            "key": str(uuid.uuid4()),
-            "fingerprint": "f" * 64,
-            "token": uuid.uuid4(),
-            "lease": 60.0,
-            "retention": 86400.0,
-            "clock_offset": 0.0,
-        }
+    def claim_params(async_commit: bool) -> dict[str, Any]:
+        scope = Scope("bench", "POST /v1/workers", str(uuid.uuid4()))
+        return rows.pg_params(
+            scope,
+            fingerprint="f" * 64,
+            token=uuid.uuid4(),
+            lease=60.0,
+            retention=86400.0,
+            take=False,
+            test=False,
+            async_commit=async_commit,
+        )
 
-    def measure(label: str, step: Callable[[], object]) -> None:
-        for _ in range(50):
-            step()
-        times = []
-        cpu_db, cpu_py = backend_cpu(), time.process_time()
-        for _ in range(args.requests):
-            started = time.perf_counter()
-            step()
-            times.append(time.perf_counter() - started)
-        cpu_db, cpu_py = backend_cpu() - cpu_db, time.process_time() - cpu_py
-        n = args.requests / 1000
+    response = StoredResponse(201, [("Content-Type", "application/json")], b'{"id": "w"}' * 40)
+
+    def new_claim() -> store.Claim:
+        won = store.claim(Scope("bench", "POST /c", str(uuid.uuid4())), "f" * 64, lease=60,
+                          retention=86400)  # fmt: skip
+        assert isinstance(won, store.Claim)
+        return won
+
+    def complete(claim: store.Claim) -> None:
+        with transaction.atomic():
+            store.complete(claim, response)
+
+    def compare(label: str, shipped: Callable[[], object], without: Callable[[], object]) -> None:
+        """``shipped`` and ``without`` interleaved in blocks of 50; one row each."""
+        sides = {"as shipped": shipped, "without": without}
+        times: dict[str, list[float]] = {name: [] for name in sides}
+        cpu = dict.fromkeys(sides, (0.0, 0.0))
+        for step in sides.values():  # warm-up
+            for _ in range(50):
+                step()
+        blocks = max(1, args.requests // 50)
+        for number in range(blocks):
+            order = list(sides) if number % 2 == 0 else list(reversed(sides))
+            for name in order:
+                step = sides[name]
+                db, py = backend_cpu(), time.process_time()
+                for _ in range(50):
+                    started = time.perf_counter()
+                    step()
+                    times[name].append(time.perf_counter() - started)
+                spent_db, spent_py = cpu[name]
+                cpu[name] = (spent_db + backend_cpu() - db, spent_py + time.process_time() - py)
+        per = {}
+        for name in sides:
+            n = len(times[name]) / 1000
+            per[name] = (statistics.median(times[name]) * 1000, cpu[name][0] / n, cpu[name][1] / n)
+            print(f"| {label}, {name} | " + " | ".join(f"{v:.3f}" for v in per[name]) + " |")
+        saved = [b - a for a, b in zip(per["as shipped"], per["without"], strict=True)]
         print(
-            f"| {label} | {statistics.median(times) * 1000:.3f} | {cpu_db / n:.3f} | "
-            f"{cpu_py / n:.3f} |"
+            f"| {label}: saved by the mechanism | " + " | ".join(f"{v:+.3f}" for v in saved) + " |"
         )
 
     print(f"PostgreSQL, {partitions} day partitions, {args.requests} executions each\n")
     print("| statement | median ms | PostgreSQL CPU ms | Python CPU ms |")
     print("| --- | ---: | ---: | ---: |")
-    measure(
-        "claim (partitioned table, as shipped)",
-        lambda: cursor.execute(PG_PARTITIONED_CLAIM_SQL, params()),
+    compare(
+        "claim, its COMMIT not waiting for the WAL flush",
+        lambda: cursor.execute(PG_PARTITIONED_CLAIM_SQL, claim_params(True)),
+        lambda: cursor.execute(PG_PARTITIONED_CLAIM_SQL, claim_params(False)),
     )
-    measure(
-        "claim (plain table, INSERT ON CONFLICT)", lambda: cursor.execute(plain_claim, params())
+    pruned = iter([new_claim() for _ in range(args.requests + 50 + 50)])
+    unpruned = iter(
+        [dataclasses.replace(new_claim(), sweep_after=None) for _ in range(args.requests + 100)]
     )
-    cursor.execute("SET synchronous_commit = off")
-    measure(
-        "claim (partitioned), synchronous_commit off",
-        lambda: cursor.execute(PG_PARTITIONED_CLAIM_SQL, params()),
+    compare(
+        "completion, given the partition key",
+        lambda: complete(next(pruned)),
+        lambda: complete(next(unpruned)),
     )
-    cursor.execute("SET synchronous_commit = on")
-
-    response = StoredResponse(201, [("Content-Type", "application/json")], b'{"id": "w"}' * 40)
-    claims = iter(
-        [
-            store.claim(
-                Scope("bench", "POST /c", str(uuid.uuid4())), "f" * 64, lease=60, retention=86400
-            )
-            for _ in range(3 * (args.requests + 50))
-        ]
-    )
-
-    def orm_complete() -> None:
-        with transaction.atomic():
-            store.complete(next(claims), response)  # type: ignore[arg-type]
-
-    def raw_complete() -> None:
-        claim = next(claims)
-        with transaction.atomic():
-            cursor.execute(
-                COMPLETE_SQL,
-                [
-                    response.status,
-                    json.dumps(response.headers),
-                    response.body,
-                    claim.record_id,
-                    claim.owner_token,
-                ],  # type: ignore[union-attr]
-            )
-
-    def pruned_complete() -> None:
-        claim = next(claims)
-        cursor.execute(
-            "SELECT sweep_after FROM django_idempotency_record WHERE id = %s",
-            [claim.record_id],  # type: ignore[union-attr]
-        )
-        created = cursor.fetchone()[0]  # the claim would carry it; not timed below
-        started = time.perf_counter()
-        with transaction.atomic():
-            cursor.execute(
-                COMPLETE_SQL + " AND sweep_after = %s",
-                [
-                    response.status,
-                    json.dumps(response.headers),
-                    response.body,
-                    claim.record_id,
-                    claim.owner_token,
-                    created,
-                ],  # type: ignore[union-attr]
-            )
-        pruned_times.append(time.perf_counter() - started)
-
-    pruned_times: list[float] = []
 
     def reference_insert() -> None:
         with transaction.atomic():
@@ -219,18 +183,9 @@ def run(args: argparse.Namespace) -> None:
         with transaction.atomic():
             cursor.execute("SELECT 1")
 
-    measure("completion: store.complete (ORM UPDATE) in atomic()", orm_complete)
-    measure("completion: one precompiled SQL UPDATE in atomic()", raw_complete)
-    measure("completion: SQL UPDATE + sweep_after (pruned to one partition)*", pruned_complete)
-    measure("reference: one worker INSERT in atomic()", reference_insert)
-    measure("reference: atomic() around SELECT 1", empty_block)
+    compare("reference: atomic() around one INSERT / around SELECT 1", reference_insert,
+            empty_block)  # fmt: skip
     cursor.close()
-    if pruned_times:
-        print(
-            "\n* its CPU columns include a SELECT of sweep_after per execution, which the "
-            "claim would return; the UPDATE alone: median "
-            f"{statistics.median(pruned_times[-args.requests :]) * 1000:.3f} ms"
-        )
 
 
 if __name__ == "__main__":

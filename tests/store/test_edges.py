@@ -132,17 +132,20 @@ def test_storage_follows_each_records_own_window(record_table):
 
 
 def test_a_live_lease_holds_its_partition_past_its_day(record_table):
-    """A heartbeat keeps a claim beyond its window; its day is kept (``held``)."""
+    """A heartbeat keeps a claim beyond its window; its day is kept (``held``), and a dry
+    run says so too (it would keep the day, not drop it)."""
     sc = scope()
     won = claim(sc, lease=60, retention_s=60)
     with testing.travel(50):
         assert store.extend(won, 3 * DAY)
     with testing.travel(2 * DAY):
+        dry = retention.sweep(dry_run=True)
         report = retention.sweep()
         assert exists(won)
         assert isinstance(claim(sc, retention_s=60), store.Existing)
     if record_table == "partitioned":
         assert report.held == [partitions.partition_name(won_day(won))]
+        assert dry.held == report.held and report.held[0] not in dry.dropped
     with testing.travel(3 * DAY + 120):
         retention.sweep()
     assert not exists(won)
