@@ -45,7 +45,7 @@ sys.path.insert(0, str(HERE))
 from http_bench import cpu_sample, load  # noqa: E402
 from latency_proxy import LatencyProxy, round_trip  # noqa: E402
 from minimal_app.without import MECHANISMS  # noqa: E402
-from minimal_view import BODY, PATH, MinimalServer, prepare  # noqa: E402
+from minimal_view import BODY, PATH, MinimalServer, add_server_arguments, prepare  # noqa: E402
 
 from storm.server import SetupError, ThrowawayDatabase  # noqa: E402
 
@@ -187,31 +187,16 @@ def markdown(runs: list[list[dict[str, Any]]], clients: list[int]) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--database-url",
-        default=os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres"),
-        help="a PostgreSQL admin URL; a throwaway database is created there and dropped",
-    )
+    add_server_arguments(parser)
     parser.add_argument(
         "--mechanisms",
         default=",".join(MECHANISMS),
         help="comma-separated, of " + ", ".join(MECHANISMS),
     )
-    parser.add_argument("--clients", default="1,8", help="comma-separated concurrency levels")
     parser.add_argument("--requests", type=int, default=300, help="requests per round")
     parser.add_argument("--warmup", type=int, default=60, help="requests per server to warm up")
     parser.add_argument("--rounds", type=int, default=4, help="rounds of A and of B")
     parser.add_argument("--runs", type=int, default=3, help="runs over every mechanism")
-    parser.add_argument("--workers", type=int, default=2, help="gunicorn processes")
-    parser.add_argument("--threads", type=int, default=8, help="threads per gunicorn process")
-    parser.add_argument(
-        "--db-latency-ms",
-        type=float,
-        default=None,
-        help="the app's database connections behind benchmarks/latency_proxy.py, this many "
-        "ms each way (0.5: a 1 ms round trip; 0: the proxy alone, which counts round trips)",
-    )
-    parser.add_argument("--json", type=Path, help="also write the numbers to this file")
     args = parser.parse_args(argv)
     args.clients = [int(c) for c in args.clients.split(",")]
     args.mechanisms = [m for m in args.mechanisms.split(",") if m]

@@ -236,17 +236,14 @@ def markdown(rows: list[dict[str, object]]) -> str:
     return "\n".join(lines)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_server_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of the database, the gunicorn servers and the clients (shared)."""
     parser.add_argument(
         "--database-url",
         default=os.environ.get("BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres"),
         help="a PostgreSQL admin URL; a throwaway database is created there and dropped",
     )
     parser.add_argument("--clients", default="1,8", help="comma-separated concurrency levels")
-    parser.add_argument("--requests", type=int, default=600, help="requests per measurement")
-    parser.add_argument("--warmup", type=int, default=100, help="requests per mode to warm up")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds; the median is kept")
     parser.add_argument("--workers", type=int, default=2, help="gunicorn processes")
     parser.add_argument("--threads", type=int, default=8, help="threads per gunicorn process")
     parser.add_argument(
@@ -254,9 +251,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=float,
         default=None,
         help="put the app's database connections behind benchmarks/latency_proxy.py, "
-        "delaying each direction by this many ms (0.5: a 1 ms round trip; 0: the proxy alone)",
+        "delaying each direction by this many ms (0.5: a 1 ms round trip; 0: the proxy alone, "
+        "which also counts round trips)",
     )
     parser.add_argument("--json", type=Path, help="also write the numbers to this file")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_server_arguments(parser)
+    parser.add_argument("--requests", type=int, default=600, help="requests per measurement")
+    parser.add_argument("--warmup", type=int, default=100, help="requests per mode to warm up")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds; the median is kept")
     args = parser.parse_args(argv)
     args.clients = [int(c) for c in args.clients.split(",")]
     return args

@@ -17,7 +17,6 @@ import datetime as dt
 import email.utils
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -46,6 +45,7 @@ from django_idempotency.client import (
     verdict,
 )
 from tests.support.example_project import EXAMPLE, run_in_example, sqlite_url
+from tests.support.gunicorn import Gunicorn
 from tests.support.scripted_transport import NO_JITTER, Script, make_client
 
 PROBLEM_BASE = "https://django-idempotency.readthedocs.io/en/stable/problems/#"
@@ -492,9 +492,8 @@ class ExampleServer:
         self.database_url = sqlite_url(tmp)
         self.database = tmp / "leasebroker.sqlite3"
         self.url = ""
-        self.process: subprocess.Popen[bytes] | None = None
         self.log = tmp / "server.log"
-        self.listener: socket.socket | None = None
+        self.server: Gunicorn | None = None
 
     def start(self) -> None:
         for command in (
@@ -503,13 +502,8 @@ class ExampleServer:
         ):
             code, output = run_in_example(command, self.database_url)
             assert code == 0, output
-        # The test binds and listens, then hands the socket to gunicorn: requests sent
-        # before gunicorn accepts wait in the backlog, so nothing polls for readiness.
-        self.listener = socket.socket()
-        self.listener.bind(("127.0.0.1", 0))
-        self.listener.listen(64)
-        port = self.listener.getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
+        self.server = Gunicorn("leasebroker.wsgi", cwd=EXAMPLE, log=self.log)
+        self.url = self.server.url
         env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
         env.update(
             DATABASE_URL=self.database_url,
@@ -517,19 +511,7 @@ class ExampleServer:
             LEASEBROKER_REBOOT_SECONDS=str(REBOOT_SECONDS),
             DEBUG="false",
         )
-        fd = self.listener.fileno()
-        with self.log.open("wb") as log:
-            self.process = subprocess.Popen(
-                [
-                    sys.executable, "-m", "gunicorn", "leasebroker.wsgi",
-                    "--bind", f"fd://{fd}", "--workers", "1", "--threads", "8",
-                ],
-                cwd=EXAMPLE,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                pass_fds=(fd,),
-            )  # fmt: skip
+        self.server.start(env)
         try:
             answer = httpx.get(f"{self.url}/v1/workers", headers=self.auth, timeout=30)
         except httpx.TransportError as exc:
@@ -541,15 +523,8 @@ class ExampleServer:
         return {"Authorization": f"Token {ALICE}"}
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
-        if self.listener is not None:
-            self.listener.close()
+        if self.server is not None:
+            self.server.stop()
 
     def client(self, **kwargs: Any) -> IdempotentClient:
         kwargs.setdefault("backoff", Backoff(initial=0.05, maximum=0.5))

@@ -8,9 +8,6 @@ operation (on two FIFOs, ``tests.support.ninja_api.hold``) gets 409 with Retry-A
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -22,6 +19,7 @@ import pytest
 
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.protocol.keys import HEADER
+from tests.support.gunicorn import Gunicorn
 from tests.support.testapp.models import Widget
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,50 +28,21 @@ PROBLEM = "application/problem+json"
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-class NinjaServer:
+class NinjaServer(Gunicorn):
     """gunicorn (one worker, threaded) serving ``tests.support.ninja_wsgi``."""
 
     def __init__(self, folder: Path) -> None:
+        super().__init__("tests.support.ninja_wsgi", cwd=ROOT, log=folder / "gunicorn.log")
         self.folder = folder
-        self.log = folder / "gunicorn.log"
-        self.process: subprocess.Popen[bytes] | None = None
-        # Bound and listening before gunicorn starts: requests sent before it accepts
-        # wait in the backlog, so nothing polls for readiness.
-        self.listener = socket.socket()
-        self.listener.bind(("127.0.0.1", 0))
-        self.listener.listen(64)
-        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
 
-    def start(self) -> None:
+    def start(self) -> None:  # type: ignore[override]
         env = dict(os.environ)
         env.update(
             DJANGO_SETTINGS_MODULE="tests.support.ninja_server",
             NINJA_GATE_DIR=str(self.folder),
             PYTHONPATH=str(ROOT),
         )
-        fd = self.listener.fileno()
-        with self.log.open("wb") as log:
-            self.process = subprocess.Popen(
-                [
-                    sys.executable, "-m", "gunicorn", "tests.support.ninja_wsgi",
-                    "--bind", f"fd://{fd}", "--workers", "1", "--threads", "8",
-                ],
-                cwd=ROOT,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                pass_fds=(fd,),
-            )  # fmt: skip
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
-        self.listener.close()
+        super().start(env)
 
 
 @pytest.fixture

@@ -4,12 +4,12 @@ but the per-exchange ones, a 204 without a body, and bodies up to ``MAX_RESPONSE
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import pytest
 from django.test import override_settings
 
+from tests.support.clients import post_twice
 from tests.support.testapp.models import Widget
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -18,19 +18,12 @@ pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 URLS = pytest.mark.urls("tests.support.response_views")
 
 
-def _twice(api: Any, url: str, data: Any = None) -> tuple[Any, Any]:
-    key = str(uuid.uuid4())
-    first = api.post(url, data or {}, format="json", HTTP_IDEMPOTENCY_KEY=key)
-    second = api.post(url, data or {}, format="json", HTTP_IDEMPOTENCY_KEY=key)
-    return first, second
-
-
 @URLS
 @pytest.mark.parametrize("url", ["/responses/binary", "/responses/latin1", "/responses/described"])
 def test_replay_is_byte_exact_with_its_headers(api: Any, url: str) -> None:
     """docs/protocol.md "Replay": the exact status, body bytes and every header but the
     per-exchange ones (Content-Type, Content-Language, Cache-Control, Link, Vary...)."""
-    first, second = _twice(api, url)
+    first, second = post_twice(api, url)
     assert first.status_code == second.status_code == 201
     assert second.content == first.content
     assert second.headers.get("Idempotent-Replayed") == "true"
@@ -46,7 +39,7 @@ def test_replay_is_byte_exact_with_its_headers(api: Any, url: str) -> None:
 def test_replay_of_204_has_no_body(api: Any) -> None:
     """docs/protocol.md "Replay": a 204 replays as a 204 without a body (CommonMiddleware
     adds its Content-Length: 0 to the first answer and the replay alike)."""
-    first, second = _twice(api, "/responses/no-content")
+    first, second = post_twice(api, "/responses/no-content")
     assert first.status_code == second.status_code == 204
     assert second.content == b""
     assert second.headers.get("Content-Length") == first.headers.get("Content-Length")
@@ -59,11 +52,11 @@ def test_body_at_max_response_bytes_replays_and_one_more_byte_gives_410(api: Any
     one is sent in full, its completion commits without the body and a retry gets 410
     with original_status and Location, the view not run again."""
     with override_settings(IDEMPOTENCY={"MAX_RESPONSE_BYTES": 1000}):
-        first, second = _twice(api, "/responses/sized", {"n": 1000})
+        first, second = post_twice(api, "/responses/sized", {"n": 1000})
         assert first.status_code == 201 and "Idempotent-Replayed" not in first.headers
         assert second.status_code == 201 and second.content == b"x" * 1000
         assert second.headers["Idempotent-Replayed"] == "true"
-        big, gone = _twice(api, "/responses/sized", {"n": 1001})
+        big, gone = post_twice(api, "/responses/sized", {"n": 1001})
     assert big.status_code == 201 and len(big.content) == 1001
     assert gone.status_code == 410 and gone.json()["original_status"] == 201
     assert gone.headers["Location"] == "/things/1"

@@ -19,6 +19,7 @@ from django_idempotency import exceptions, signals, store
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.store import clock, presence
 from tests.support.concurrency import Runner
+from tests.support.faults import direct_presence  # noqa: F401  (the fixture)
 from tests.support.testapp.models import Widget
 from tests.support.two_database_app import (
     FP,
@@ -30,16 +31,11 @@ from tests.support.two_database_app import (
 )
 
 pytestmark = [
+    pytest.mark.usefixtures("direct_presence"),
     pytest.mark.postgres,
     pytest.mark.django_db(transaction=True, databases=["default", "shard"]),
     pytest.mark.urls("tests.support.two_database_app"),
 ]
-
-
-@pytest.fixture(autouse=True)
-def _direct_presence() -> None:
-    if not presence.takes(connections["default"]):
-        pytest.skip("needs a direct PostgreSQL connection (owner presence)")
 
 
 @pytest.mark.xfail(

@@ -9,8 +9,8 @@ import pytest
 from django.db import connections, transaction
 
 from django_idempotency import store
-from django_idempotency.store import presence
 from tests.support.concurrency import Runner
+from tests.support.faults import direct_presence  # noqa: F401  (the fixture)
 from tests.support.testapp.models import Widget
 from tests.support.two_database_app import (
     FP,
@@ -19,16 +19,11 @@ from tests.support.two_database_app import (
 )
 
 pytestmark = [
+    pytest.mark.usefixtures("direct_presence"),
     pytest.mark.postgres,
     pytest.mark.django_db(transaction=True, databases=["default", "shard"]),
     pytest.mark.urls("tests.support.two_database_app"),
 ]
-
-
-@pytest.fixture(autouse=True)
-def _direct_presence() -> None:
-    if not presence.takes(connections["default"]):
-        pytest.skip("needs a direct PostgreSQL connection (owner presence)")
 
 
 def test_a_claim_in_a_callers_manual_transaction_leaves_it_synchronous(record_table: str) -> None:

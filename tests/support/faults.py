@@ -157,3 +157,12 @@ class Proxy:
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
                 sock.close()
+
+
+@pytest.fixture
+def direct_presence() -> None:
+    """Skip unless the suite's connection takes owner-presence locks (PostgreSQL, direct)."""
+    from django_idempotency.store import presence
+
+    if not presence.takes(connections["default"]):
+        pytest.skip("needs a direct PostgreSQL connection (owner presence)")

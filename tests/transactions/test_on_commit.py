@@ -4,12 +4,12 @@ status (5xx, 409, 429) and never for a fenced completion, on PostgreSQL."""
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import pytest
 from django.db import transaction
 
+from tests.support.clients import post_twice
 from tests.support.concurrency import token_client
 from tests.support.factories import TokenFactory
 from tests.support.testapp.models import Widget
@@ -20,18 +20,11 @@ pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 URLS = pytest.mark.urls("tests.support.response_views")
 
 
-def _twice(api: Any, url: str, data: Any = None) -> tuple[Any, Any]:
-    key = str(uuid.uuid4())
-    first = api.post(url, data or {}, format="json", HTTP_IDEMPOTENCY_KEY=key)
-    second = api.post(url, data or {}, format="json", HTTP_IDEMPOTENCY_KEY=key)
-    return first, second
-
-
 @URLS
 def test_on_commit_runs_once_and_never_on_replay(api: Any) -> None:
     """docs/faq.md (view transaction outcomes) / Django: on_commit callbacks run when the
     view's transaction commits, once; a replay runs nothing."""
-    first, second = _twice(api, "/responses/on-commit")
+    first, second = post_twice(api, "/responses/on-commit")
     assert first.status_code == 201 and second.status_code == 201
     assert Widget.objects.filter(name="on-commit").count() == 1
     assert Widget.objects.filter(name="body").count() == 1
@@ -42,7 +35,7 @@ def test_on_commit_runs_once_and_never_on_replay(api: Any) -> None:
 def test_on_commit_never_runs_for_a_released_status(api: Any, code: int) -> None:
     """docs/protocol.md "Stored or released": a returned 5xx/409/429 rolls the view's
     writes back; its on_commit callbacks must not run, and a retry runs the view again."""
-    first, second = _twice(api, "/responses/on-commit", {"status": code})
+    first, second = post_twice(api, "/responses/on-commit", {"status": code})
     assert first.status_code == code and second.status_code == code
     assert "Idempotent-Replayed" not in second.headers
     assert Widget.objects.count() == 0

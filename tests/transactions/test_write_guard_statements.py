@@ -13,11 +13,10 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from django.db import connections
 
 from django_idempotency.models import IdempotencyRecord
-from django_idempotency.store import presence
 from django_idempotency.transactions.write_guard import writes
+from tests.support.faults import direct_presence  # noqa: F401  (the fixture)
 from tests.support.testapp.models import Widget
 from tests.support.two_database_app import (
     RAW_SQL,
@@ -27,16 +26,11 @@ from tests.support.two_database_app import (
 )
 
 pytestmark = [
+    pytest.mark.usefixtures("direct_presence"),
     pytest.mark.postgres,
     pytest.mark.django_db(transaction=True, databases=["default", "shard"]),
     pytest.mark.urls("tests.support.two_database_app"),
 ]
-
-
-@pytest.fixture(autouse=True)
-def _direct_presence() -> None:
-    if not presence.takes(connections["default"]):
-        pytest.skip("needs a direct PostgreSQL connection (owner presence)")
 
 
 def test_a_streaming_bodys_write_to_another_database_is_refused() -> None:
