@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import collections
 import datetime as dt
 import uuid
 from collections.abc import Iterator
@@ -45,6 +46,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip_pg)
         if "slow" in item.keywords and not config.getoption("--stress"):
             item.add_marker(skip_slow)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """One line per reason tests were skipped, with how many, instead of one per test."""
+    reasons: collections.Counter[str] = collections.Counter()
+    for report in terminalreporter.stats.get("skipped", []):
+        longrepr = report.longrepr
+        reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+        reasons[reason.removeprefix("Skipped: ")] += 1
+    if not reasons:
+        return
+    terminalreporter.section("skipped, by reason")
+    for reason, count in reasons.most_common():
+        if reason.startswith("needs PostgreSQL"):
+            reason = (
+                "need PostgreSQL; to run them: "
+                "DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres make test"
+            )
+        terminalreporter.write_line(f"{count:5} {reason}")
 
 
 def _on_postgres() -> bool:
