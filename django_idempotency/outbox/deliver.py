@@ -50,8 +50,9 @@ def deliver_inline(relay: Relay, claimed: list[Claimed], started: float, lease: 
             relay.handled += 1
             if error is None:
                 marks.add(item)
+                relay.outcomes["delivered"] += 1
             else:
-                fail(using, item.message, error)
+                relay.outcomes[fail(using, item.message, error) or "taken over"] += 1
                 if isinstance(error, relay.stop_on):
                     raise error
     except BaseException:
@@ -101,8 +102,9 @@ def deliver_pooled(
             relay.handled += 1
             if error is None:
                 marks.add(item)
+                relay.outcomes["delivered"] += 1
             elif isinstance(error, Exception):
-                fail(using, item.message, error)
+                relay.outcomes[fail(using, item.message, error) or "taken over"] += 1
                 if isinstance(error, relay.stop_on):
                     raise error
             else:  # SystemExit, KeyboardInterrupt in a handler: stop as inline would
@@ -125,9 +127,10 @@ def _record(relay: Relay, outcomes: list[tuple[Claimed, BaseException | None]]) 
             if error is None:
                 relay.handled += 1
                 relay._marks.add(item)  # written by close(), or kept for a later try
+                relay.outcomes["delivered"] += 1
             elif isinstance(error, Exception):
                 relay.handled += 1
-                fail(relay.using, item.message, error)
+                relay.outcomes[fail(relay.using, item.message, error) or "taken over"] += 1
             # else: the handler itself was stopped; its message stays leased
         except Exception as exc:
             logger.warning("outbox message %s: outcome not recorded: %s", item.message.pk, exc)

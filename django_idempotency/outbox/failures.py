@@ -65,7 +65,7 @@ def _fenced(using: str, message: OutboxMessage) -> Any:
     )
 
 
-def fail(using: str, message: OutboxMessage, exc: Exception) -> None:
+def fail(using: str, message: OutboxMessage, exc: Exception) -> str:
     """Record a failed delivery of ``message``: a retry after :func:`backoff`, or dead.
 
     Fenced by the claim; logged, and signalled (``signals.outbox_failed`` or
@@ -75,6 +75,10 @@ def fail(using: str, message: OutboxMessage, exc: Exception) -> None:
         using: database alias.
         message: the claimed message whose handler raised.
         exc: what the handler raised.
+
+    Returns:
+        ``"dead"`` (dead-lettered), ``"failed"`` (retried later), or ``""`` when the
+        fence did not hold (another relay's claim took the message over).
     """
     error = "".join(traceback.format_exception(exc))[-_LAST_ERROR_CHARS:]
     if message.attempts >= conf.outbox_max_attempts:
@@ -92,7 +96,8 @@ def fail(using: str, message: OutboxMessage, exc: Exception) -> None:
             signals.outbox_dead_lettered.send(
                 message.topic, message_id=message.pk, attempts=message.attempts, error=exc
             )
-        return
+            return "dead"
+        return ""
     delay = backoff(message.attempts, base=conf.outbox_backoff_base, cap=conf.outbox_backoff_cap)
     if _fenced(using, message).update(last_error=error, available_at=now(using, delay)):
         logger.warning(
@@ -110,3 +115,5 @@ def fail(using: str, message: OutboxMessage, exc: Exception) -> None:
             error=exc,
             retry_in=delay,
         )
+        return "failed"
+    return ""

@@ -22,6 +22,7 @@ writer, so run one relay; marks are written one by one there. Clock: the store's
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 
@@ -133,6 +134,11 @@ class Relay:
         #: Messages this relay handled so far (sent, retried or dead-lettered), those
         #: of a batch an exception stopped included.
         self.handled = 0
+        #: The same by outcome: ``delivered`` (its handler returned: marked sent),
+        #: ``failed`` (retried later), ``dead`` (dead-lettered, after its handler
+        #: raised or because its last attempt never reported back), ``taken over``
+        #: (a failure not recorded: another relay's claim had the message).
+        self.outcomes: collections.Counter[str] = collections.Counter()
 
     def __enter__(self) -> Relay:
         return self
@@ -205,6 +211,7 @@ class Relay:
         started = time.monotonic()
         claimed, buried = claim_due(using, limit, lease)
         self.handled += buried
+        self.outcomes["dead"] += buried
         if not claimed:
             return buried
         marks = self._marks

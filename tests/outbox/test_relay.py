@@ -243,15 +243,45 @@ def run_command(*args: str) -> str:
 
 def test_command_once_delivers_everything_due(recorder):
     enqueue(5)
-    assert run_command("--once", "--batch-size", "2") == "Handled 5 outbox messages.\n"
+    assert run_command("--once", "--batch-size", "2") == (
+        "Handled 5 outbox messages.\n5 delivered, 0 failed (retried later), 0 dead-lettered.\n"
+    )
     assert OutboxMessage.objects.filter(state=OutboxState.SENT).count() == 5
     assert run_command("--once") == "Handled 0 outbox messages.\n"
+
+
+def test_command_once_reports_delivered_failed_and_dead_apart(settings):
+    """A message whose handler raises is handled, not delivered: the report says which
+    were delivered, which failed and will be retried, and which were dead-lettered."""
+    settings.IDEMPOTENCY = {"OUTBOX_KICK": False, "OUTBOX_MAX_ATTEMPTS": 2}
+
+    def handler(message: OutboxMessage, key: str) -> None:
+        if message.payload["fate"] != "ok":
+            raise RuntimeError(message.payload["fate"])
+
+    outbox.register("report.topic")(handler)
+    try:
+        with transaction.atomic():
+            for fate in ("ok", "ok", "fails", "dies"):
+                outbox.enqueue("report.topic", {"fate": fate})
+        OutboxMessage.objects.filter(payload__fate="dies").update(attempts=1)
+        assert run_command("--once") == (
+            "Handled 4 outbox messages.\n2 delivered, 1 failed (retried later), 1 dead-lettered.\n"
+        )
+    finally:
+        outbox.unregister("report.topic")
+    states = dict(OutboxMessage.objects.values_list("payload__fate", "state"))
+    assert states == {"ok": OutboxState.SENT, "fails": OutboxState.PENDING,
+                      "dies": OutboxState.DEAD}  # fmt: skip
 
 
 def test_command_loop_is_bounded_by_max_iterations(recorder):
     enqueue(1)
     output = run_command("--max-iterations", "3", "--interval", "0")
-    assert output == "Handled 1 outbox message.\n"
+    assert (
+        output
+        == "Handled 1 outbox message.\n1 delivered, 0 failed (retried later), 0 dead-lettered.\n"
+    )
     assert len(recorder.seen) == 1
 
 

@@ -9,8 +9,10 @@ command exits 0; a second ``SIGTERM`` stops it at once, as Ctrl-C does.
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -152,6 +154,8 @@ class Command(BaseCommand):
             )
             % {"count": total}
         )
+        if total:
+            self.stdout.write(outcome_line(relays.values()))
         problems = [f"database {alias!r} unavailable: {exc}" for alias, exc in unavailable.items()]
         problems += [
             f"database {alias!r}: {count} delivered message(s) not marked sent, delivered "
@@ -170,3 +174,21 @@ class Command(BaseCommand):
             except UNAVAILABLE as exc:
                 unmarked[alias] = (each.unmarked, exc)
         return unmarked
+
+
+def outcome_line(relays: Iterable[relay.Relay]) -> str:
+    """What became of the messages the relays handled, by outcome, for the command's output.
+
+    ``"2 delivered, 1 failed (retried later), 0 dead-lettered."``, with a fourth count for
+    failures another relay's claim had taken over, when there were any.
+    """
+    outcomes: collections.Counter[str] = collections.Counter()
+    for each in relays:
+        outcomes.update(each.outcomes)
+    line = (
+        f"{outcomes['delivered']} delivered, {outcomes['failed']} failed (retried later), "
+        f"{outcomes['dead']} dead-lettered"
+    )
+    if outcomes["taken over"]:
+        line += f", {outcomes['taken over']} failed after another relay took them over"
+    return line + "."
