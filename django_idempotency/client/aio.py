@@ -9,15 +9,15 @@ from typing import Any
 import httpx
 
 from django_idempotency.client.backoff import Backoff
-from django_idempotency.client.errors import AttemptEvent, _Retry
+from django_idempotency.client.errors import AttemptEvent, RetryAfter
 from django_idempotency.client.keystore import KeyStore
-from django_idempotency.client.policy import _Base
+from django_idempotency.client.policy import ClientBase
 from django_idempotency.client.responses import HEADER
 
 Headers = Mapping[str, str]
 
 
-class AsyncIdempotentClient(_Base):
+class AsyncIdempotentClient(ClientBase):
     """The asyncio (or trio) twin of :class:`IdempotentClient`; same arguments.
 
     ``http_client`` is an ``httpx.AsyncClient`` and ``transport`` an
@@ -98,7 +98,7 @@ class AsyncIdempotentClient(_Base):
                         response=response,
                         error=error,
                     )
-        except _Retry as retry:
+        except RetryAfter as retry:
             raise self._exhausted(retry, method, url, key, operation, number) from retry.error
         raise AssertionError("unreachable: stamina yields at least one attempt")
 

@@ -110,7 +110,7 @@ class RetriesExhausted(IdempotentRequestError):
     """
 
 
-class _Retry(Exception):
+class RetryAfter(Exception):
     """Raised inside an attempt to tell stamina to retry after ``wait`` seconds."""
 
     def __init__(
@@ -123,8 +123,8 @@ class _Retry(Exception):
 
 
 def _backoff_hook(exc: Exception) -> bool | float:
-    """The ``on=`` hook of stamina: retry only our ``_Retry``, after the wait it computed."""
-    return exc.wait if isinstance(exc, _Retry) else False
+    """The ``on=`` hook of stamina: retry only our ``RetryAfter``, after the wait it computed."""
+    return exc.wait if isinstance(exc, RetryAfter) else False
 
 
 def describe(method: str, url: str, response: httpx.Response) -> str:

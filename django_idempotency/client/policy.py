@@ -19,7 +19,7 @@ from django_idempotency.client.errors import (
     NonRetryableError,
     ResponseNotReplayable,
     RetriesExhausted,
-    _Retry,
+    RetryAfter,
     describe,
 )
 from django_idempotency.client.keystore import KeyStore, MemoryKeyStore, new_key
@@ -34,11 +34,11 @@ from django_idempotency.client.responses import (
 
 
 def _backoff_hook(exc: Exception) -> bool | float:
-    """The ``on=`` hook of stamina: retry only our ``_Retry``, after the wait it computed."""
-    return exc.wait if isinstance(exc, _Retry) else False
+    """The ``on=`` hook of stamina: retry only our ``RetryAfter``, after the wait it computed."""
+    return exc.wait if isinstance(exc, RetryAfter) else False
 
 
-class _Base:
+class ClientBase:
     """What the sync and async clients share: keys, decisions, events."""
 
     def __init__(
@@ -91,7 +91,7 @@ class _Base:
         response: httpx.Response | None,
         error: Exception | None,
     ) -> httpx.Response:
-        """Judge one attempt: return the response, or raise ``_Retry`` / a final error."""
+        """Judge one attempt: return the response, or raise ``RetryAfter`` / a final error."""
         if response is None:
             outcome: Verdict = "retry"
             wait: float | None = self.backoff.wait(number)
@@ -131,11 +131,11 @@ class _Base:
                 attempts=number,
             )
         assert wait is not None
-        raise _Retry(wait, response, error)
+        raise RetryAfter(wait, response, error)
 
     @staticmethod
     def _exhausted(
-        retry: _Retry, method: str, url: str, key: str, operation: str | None, attempts: int
+        retry: RetryAfter, method: str, url: str, key: str, operation: str | None, attempts: int
     ) -> RetriesExhausted:
         if retry.response is not None:
             last = describe(method, url, retry.response)

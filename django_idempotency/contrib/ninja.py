@@ -41,9 +41,9 @@ from ninja.utils import contribute_operation_callback
 
 from django_idempotency.conf import conf
 from django_idempotency.contrib.openapi_parts import (
-    _PROBLEM_SCHEMA,
-    _RESPONSES,
     EXTENSION,
+    PROBLEM_RESPONSES,
+    PROBLEM_SCHEMA,
     header_description,
     policy,
 )
@@ -317,11 +317,11 @@ def _openapi_extra(options: Options, operation: Operation) -> dict[str, Any]:
                 **response.get("headers", {}),
             }
             responses[code] = response
-    for text, description in _RESPONSES.items():
+    for text, description in PROBLEM_RESPONSES.items():
         code = int(text)
         response = {
             "description": description,
-            "content": {problems.CONTENT_TYPE: {"schema": dict(_PROBLEM_SCHEMA)}},
+            "content": {problems.CONTENT_TYPE: {"schema": dict(PROBLEM_SCHEMA)}},
             **responses.get(code, {}),
         }
         if code == 409:

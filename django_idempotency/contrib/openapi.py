@@ -27,10 +27,10 @@ from drf_spectacular.utils import OpenApiParameter
 
 from django_idempotency.conf import conf
 from django_idempotency.contrib.openapi_parts import (
-    _PROBLEM_SCHEMA,
-    _RESPONSES,
     EXTENSION,
     PROBLEM_COMPONENT,
+    PROBLEM_RESPONSES,
+    PROBLEM_SCHEMA,
     duration,
     header_description,
     policy,
@@ -103,7 +103,7 @@ class IdempotentSchemaMixin:
                     },
                 )
         problem = {"schema": self._problem_ref()}
-        for code, description in _RESPONSES.items():
+        for code, description in PROBLEM_RESPONSES.items():
             response = responses.setdefault(code, {"description": description})
             response.setdefault("content", {}).setdefault(problems.CONTENT_TYPE, problem)
             if code == "409":
@@ -118,7 +118,7 @@ class IdempotentSchemaMixin:
             name=PROBLEM_COMPONENT,
             type=ResolvedComponent.SCHEMA,
             object=PROBLEM_COMPONENT,
-            schema=_PROBLEM_SCHEMA,
+            schema=PROBLEM_SCHEMA,
         )
         self.registry.register_on_missing(component)
         ref: dict[str, str] = component.ref

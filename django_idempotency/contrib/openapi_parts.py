@@ -16,7 +16,7 @@ from django_idempotency.protocol.options import Options
 #: Name of the problem+json schema component.
 PROBLEM_COMPONENT = "IdempotencyProblem"
 
-_PROBLEM_SCHEMA: dict[str, Any] = {
+PROBLEM_SCHEMA: dict[str, Any] = {
     "type": "object",
     "description": "An RFC 9457 problem detail produced by django-idempotency.",
     "properties": {
@@ -28,7 +28,7 @@ _PROBLEM_SCHEMA: dict[str, Any] = {
     "required": ["type", "title", "status", "detail"],
 }
 
-_RESPONSES = {
+PROBLEM_RESPONSES = {
     "400": "The Idempotency-Key header is missing (on an endpoint that requires it) or "
     "invalid, or the request body could not be read. Nothing was done.",
     "409": "A request with this Idempotency-Key is still in flight, or this request "
