@@ -13,7 +13,7 @@ from typing import Any
 from django.contrib import admin
 from django.contrib.admin import helpers
 from django.contrib.auth import get_permission_codename
-from django.db.models import QuerySet
+from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, reverse
@@ -39,6 +39,25 @@ def _pretty_body(body: bytes, content_type: str) -> str:
         except ValueError:
             pass
     return text
+
+
+def _left_alone(state: str, count: int) -> str:
+    """Why ``count`` selected outbox messages in ``state`` were not retried."""
+    if state == OutboxState.SENT:
+        text = ngettext(
+            "%(count)d selected message was left alone: it was sent already.",
+            "%(count)d selected messages were left alone: they were sent already.",
+            count,
+        )
+    else:
+        text = ngettext(
+            "%(count)d selected message was left alone: it is pending (the relay "
+            "delivers it when due).",
+            "%(count)d selected messages were left alone: they are pending (the relay "
+            "delivers them when due).",
+            count,
+        )
+    return text % {"count": count}
 
 
 def _confirmed(request: HttpRequest) -> bool:
@@ -252,7 +271,7 @@ class OutboxMessageAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     need the "change" permission.
     """
 
-    list_display = ("id", "topic", "state", "attempts", "available_at", "created_at")
+    list_display = ("id", "topic", "state", "attempts", "due", "created_at")
     list_filter = ("state", "topic")
     search_fields = ("=dedup_key", "=topic")
     ordering = ("-id",)
@@ -264,7 +283,7 @@ class OutboxMessageAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "dedup_key",
         "payload",
         "attempts",
-        "available_at",
+        "due",
         "created_at",
         "sent_at",
         "record_link",
@@ -284,6 +303,13 @@ class OutboxMessageAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         """The list, titled as a view: messages are read-only, the actions work in bulk."""
         title = gettext("Select %s to view") % self.opts.verbose_name
         return super().changelist_view(request, {"title": title, **(extra_context or {})})
+
+    @admin.display(description=_("available at"), ordering="available_at")
+    def due(self, obj: OutboxMessage) -> Any:
+        """When a pending or dead message is next due; "—" for a sent one (never again)."""
+        if obj.state == OutboxState.SENT:
+            return "—"
+        return obj.available_at
 
     @admin.display(description=_("idempotency record"))
     def record_link(self, obj: OutboxMessage) -> str:
@@ -306,10 +332,21 @@ class OutboxMessageAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     @admin.action(description=_("Retry selected dead messages"), permissions=["change"])
     def retry_dead(self, request: HttpRequest, queryset: Any) -> None:
-        """Dead messages back to pending: attempts 0, due now; the relay is kicked."""
+        """Dead messages back to pending: attempts 0, due now; the relay is kicked.
+
+        Selected messages that are not dead are left alone, and the message afterwards
+        says how many of each state were (sent: delivered already; pending: the relay
+        delivers them anyway).
+        """
         # The UPDATE goes to the router's write database even when the changelist was
         # read from a replica; the relay kicked must work on that database too.
         using = queryset._db or outbox_database()
+        left = dict(
+            queryset.exclude(state=OutboxState.DEAD)
+            .order_by()
+            .values_list("state")
+            .annotate(n=Count("pk"))
+        )
         count = queryset.filter(state=OutboxState.DEAD).update(
             state=OutboxState.PENDING, attempts=0, available_at=claim.now(using)
         )
@@ -324,6 +361,9 @@ class OutboxMessageAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             )
             % {"count": count},
         )
+        for state in (OutboxState.SENT, OutboxState.PENDING):
+            if left.get(state):
+                self.message_user(request, _left_alone(state, left[state]), level="warning")
 
     @admin.action(description=_("Dead-letter selected pending messages"), permissions=["change"])
     def dead_letter(self, request: HttpRequest, queryset: Any) -> None:
