@@ -7,12 +7,17 @@ operators retry, dead-letter or purge them in bulk. See docs/admin.md.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from django.contrib import admin
 from django.contrib.admin import helpers
 from django.contrib.auth import get_permission_codename
+from django.db import connections
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
@@ -24,11 +29,87 @@ from django.utils.translation import gettext_lazy as _
 from django_idempotency import outbox, store
 from django_idempotency.models import IdempotencyRecord, OutboxMessage, OutboxState, RecordState
 from django_idempotency.outbox import claim
-from django_idempotency.store import operators
+from django_idempotency.store import clock, operators
 from django_idempotency.store.routing import outbox_database
 
 #: Longest key shown in full in the record list (the detail page shows it all).
 _KEY_LIST_CHARS = 40
+
+#: Now by the store's clock, read once per admin page (``_store_clock``).
+_now: ContextVar[dt.datetime | None] = ContextVar("django_idempotency_admin_now", default=None)
+
+
+@contextmanager
+def _store_clock(using: str) -> Iterator[None]:
+    """Inside the block, the pages' times are judged at one "now" of the store's clock."""
+    token = _now.set(clock.store_now(connections[using]))
+    try:
+        yield
+    finally:
+        _now.reset(token)
+
+
+def _store_now(using: str) -> dt.datetime:
+    """The page's "now" (``_store_clock``), else read from the store's clock."""
+    return _now.get() or clock.store_now(connections[using])
+
+
+def _utc(value: dt.datetime, using: str) -> dt.datetime:
+    return clock.from_db(value, connections[using])
+
+
+def _when(value: dt.datetime | None, obj: Any, text: str = "{}") -> str:
+    """``value`` to the second in UTC, with ``text`` about how far it is from now.
+
+    ``text`` holds ``{}`` where the relative time goes ("lease ends {}").
+    """
+    if value is None:
+        return "-"
+    using = obj._state.db or "default"
+    moment = _utc(value, using)
+    return f"{moment:%Y-%m-%d %H:%M:%S} UTC ({_relative_text(text, moment, using)})"
+
+
+def _relative_text(text: str, moment: dt.datetime, using: str) -> str:
+    return text.format(operators.relative(moment, _store_now(using)))
+
+
+def _lease_text(obj: Any) -> str:
+    """``lease ends in 42 s`` / ``lease ended 3 min ago`` (``by an operator`` when so)."""
+    using = obj._state.db or "default"
+    moment = _utc(obj.lease_until, using)
+    if moment > _store_now(using):
+        return "lease ends {}"
+    if obj.lease_until == obj.created_at:
+        return "lease ended by an operator {}"
+    return "lease ended {}"
+
+
+class ConditionFilter(admin.SimpleListFilter):
+    """Records by condition: in flight, abandoned, completed (``operators.CONDITIONS``)."""
+
+    title = _("condition")
+    parameter_name = "condition"
+    _choices = {
+        "in-flight": operators.IN_FLIGHT,
+        "abandoned": operators.ABANDONED,
+        "completed": operators.COMPLETED,
+    }
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        """The three conditions."""
+        return [
+            ("in-flight", str(_("in flight"))),
+            ("abandoned", str(_("abandoned (the next retry takes over)"))),
+            ("completed", str(_("completed"))),
+        ]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        """The records in the chosen condition, judged by the store's clock."""
+        condition = self._choices.get(str(self.value()))
+        if condition is None:
+            return queryset
+        return operators.only_condition(queryset, condition)
 
 
 def _pretty_body(body: bytes, content_type: str) -> str:
@@ -183,8 +264,8 @@ class IdempotencyRecordAdmin(RecordActionsMixin, admin.ModelAdmin):  # type: ign
     record stays possible too.
     """
 
-    list_display = ("short_key", "principal", "endpoint", "outcome", "created_at")
-    list_filter = ("state", "endpoint", ("created_at", admin.DateFieldListFilter))
+    list_display = ("short_key", "principal", "endpoint", "condition", "created")
+    list_filter = (ConditionFilter, "endpoint", ("created_at", admin.DateFieldListFilter))
     search_fields = ("=key", "principal")
     date_hierarchy = "created_at"
     ordering = ("-created_at",)
@@ -194,14 +275,14 @@ class IdempotencyRecordAdmin(RecordActionsMixin, admin.ModelAdmin):  # type: ign
         "principal",
         "endpoint",
         "key",
-        "state",
+        "condition",
         "fingerprint",
         "owner_token",
         "recovery_point",
-        "created_at",
-        "lease_until",
-        "completed_at",
-        "expires_at",
+        "created",
+        "lease",
+        "completed",
+        "expires",
         "response_status",
         "stored_headers",
         "stored_body",
@@ -224,14 +305,75 @@ class IdempotencyRecordAdmin(RecordActionsMixin, admin.ModelAdmin):  # type: ign
             return obj.key
         return f"{obj.key[: _KEY_LIST_CHARS - 1]}…"
 
-    @admin.display(description=_("outcome"), ordering="state")
-    def outcome(self, obj: IdempotencyRecord) -> str:
-        """``completed 201``, or ``claimed`` with its recovery point."""
-        if obj.state == RecordState.COMPLETED:
-            return f"{obj.get_state_display()} {obj.response_status}"
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        """The records, each with whether its owner is known to be gone (PostgreSQL)."""
+        return operators.with_condition(super().get_queryset(request))
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
+        """The list, its times judged at one "now" of the store's clock."""
+        with _store_clock(self.get_queryset(request).db):
+            response = super().changelist_view(request, extra_context)
+            if hasattr(response, "render"):
+                response.render()
+        return response
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None
+    ) -> Any:
+        """A record's page, its times judged at one "now" of the store's clock."""
+        with _store_clock(self.get_queryset(request).db):
+            response = super().change_view(request, object_id, form_url, extra_context)
+            if hasattr(response, "render"):
+                response.render()
+        return response
+
+    @admin.display(description=_("condition"), ordering="state")
+    def condition(self, obj: IdempotencyRecord) -> str:
+        """``in flight, lease ends in 42 s``, ``abandoned, ...``, ``completed 201, 2 h ago``.
+
+        In flight: claimed, the lease live and the owner, where presence is known,
+        present. Abandoned: claimed, the lease over or the owner's session gone; the
+        next retry takes it over. A phased claim adds its last finished phase.
+        """
+        using = obj._state.db or "default"
+        condition = operators.condition_of(obj, _store_now(using))
+        if condition == operators.COMPLETED:
+            done = obj.completed_at or obj.created_at
+            when = _relative_text("{}", _utc(done, using), using)
+            return f"{gettext('completed')} {obj.response_status}, {when}"
+        label = gettext("in flight") if condition == operators.IN_FLIGHT else gettext("abandoned")
+        if getattr(obj, "owner_gone", False) and condition == operators.ABANDONED:
+            detail = gettext("owner's session gone")
+        else:
+            detail = _relative_text(_lease_text(obj), _utc(obj.lease_until, using), using)
+        text = f"{label}, {detail}"
         if obj.recovery_point:
-            return str(_("claimed, after phase %(phase)s") % {"phase": obj.recovery_point})
-        return str(obj.get_state_display())
+            text += ", " + gettext("after phase %(phase)s") % {"phase": obj.recovery_point}
+        return text
+
+    @admin.display(description=_("created at"), ordering="created_at")
+    def created(self, obj: IdempotencyRecord) -> str:
+        """When the key was claimed, to the second, and how long ago."""
+        return _when(obj.created_at, obj)
+
+    @admin.display(description=_("lease until"))
+    def lease(self, obj: IdempotencyRecord) -> str:
+        """The lease's end, to the second: ``lease ends in 42 s`` / ``lease ended ...``."""
+        return _when(obj.lease_until, obj, _lease_text(obj))
+
+    @admin.display(description=_("completed at"))
+    def completed(self, obj: IdempotencyRecord) -> str:
+        """When the response was stored, to the second: ``completed 2 h ago``."""
+        return _when(obj.completed_at, obj, "completed {}")
+
+    @admin.display(description=_("expires at"))
+    def expires(self, obj: IdempotencyRecord) -> str:
+        """The end of the retention window: ``expires in 23 h`` / ``expired 3 min ago``."""
+        if obj.expires_at is None:
+            return "-"
+        using = obj._state.db or "default"
+        future = _utc(obj.expires_at, using) > _store_now(using)
+        return _when(obj.expires_at, obj, "expires {}" if future else "expired {}")
 
     @admin.display(description=_("response headers"))
     def stored_headers(self, obj: IdempotencyRecord) -> str:
