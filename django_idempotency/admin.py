@@ -8,7 +8,6 @@ operators retry, dead-letter or purge them in bulk. See docs/admin.md.
 from __future__ import annotations
 
 import datetime as dt
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -16,10 +15,12 @@ from typing import Any
 
 from django.contrib import admin
 from django.contrib.admin import helpers
-from django.contrib.auth import get_permission_codename
+from django.contrib.admin.utils import quote, unquote
+from django.contrib.auth import get_permission_codename, get_user_model
+from django.core.exceptions import PermissionDenied
 from django.db import connections
 from django.db.models import Count, QuerySet
-from django.http import HttpRequest
+from django.http import Http404, HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, reverse
 from django.utils.html import format_html
@@ -35,18 +36,28 @@ from django_idempotency.store.routing import outbox_database
 #: Longest key shown in full in the record list (the detail page shows it all).
 _KEY_LIST_CHARS = 40
 
-#: Now by the store's clock, read once per admin page (``_store_clock``).
+#: Now by the store's clock, read once per admin page (``_page``).
 _now: ContextVar[dt.datetime | None] = ContextVar("django_idempotency_admin_now", default=None)
+#: The request of the admin page being rendered (``_page``): who is looking.
+_viewer: ContextVar[HttpRequest | None] = ContextVar(
+    "django_idempotency_admin_viewer", default=None
+)
 
 
 @contextmanager
-def _store_clock(using: str) -> Iterator[None]:
-    """Inside the block, the pages' times are judged at one "now" of the store's clock."""
-    token = _now.set(clock.store_now(connections[using]))
+def _page(request: HttpRequest, using: str) -> Iterator[None]:
+    """Inside the block, one "now" of the store's clock and the viewer, for the page.
+
+    The page's times are judged at that "now"; its links follow the viewer's
+    permissions.
+    """
+    now_token = _now.set(clock.store_now(connections[using]))
+    viewer_token = _viewer.set(request)
     try:
         yield
     finally:
-        _now.reset(token)
+        _viewer.reset(viewer_token)
+        _now.reset(now_token)
 
 
 def _store_now(using: str) -> dt.datetime:
@@ -112,14 +123,56 @@ class ConditionFilter(admin.SimpleListFilter):
         return operators.only_condition(queryset, condition)
 
 
-def _pretty_body(body: bytes, content_type: str) -> str:
-    text = body.decode("utf-8", errors="replace")
-    if "json" in content_type:
-        try:
-            return json.dumps(json.loads(text), indent=2, sort_keys=True, ensure_ascii=False)
-        except ValueError:
-            pass
-    return text
+#: Media types shown as text besides ``text/*`` (and ``+json``, ``+xml`` suffixes).
+_TEXT_TYPES = frozenset(
+    {
+        "application/json",
+        "application/problem+json",
+        "application/xml",
+        "application/javascript",
+        "application/x-www-form-urlencoded",
+        "application/x-ndjson",
+        "application/yaml",
+    }
+)
+
+
+def _content_type(obj: IdempotencyRecord) -> str:
+    """The stored ``Content-Type`` header ("" if none was stored)."""
+    return next((v for n, v in obj.response_headers or () if n.lower() == "content-type"), "")
+
+
+def body_text(body: bytes, content_type: str) -> str | None:
+    """``body`` as the text a client reads from it; ``None`` if it is not text.
+
+    Text is a ``text/*``, JSON, XML or form media type (the ``charset`` parameter, else
+    UTF-8) whose bytes decode without error in that charset; the text is the bytes
+    decoded, nothing re-sorted or re-indented. An empty ``content_type`` counts as text
+    when the bytes are UTF-8.
+
+    Args:
+        body: the body exactly as a replay sends it (``store.decode_body``).
+        content_type: the stored ``Content-Type`` header value.
+    """
+    media, *params = (part.strip() for part in content_type.split(";"))
+    media = media.lower()
+    textual = (
+        not media
+        or media.startswith("text/")
+        or media in _TEXT_TYPES
+        or media.endswith(("+json", "+xml"))
+    )
+    if not textual:
+        return None
+    charset = "utf-8"
+    for param in params:
+        name, _sep, value = param.partition("=")
+        if name.strip().lower() == "charset" and value.strip():
+            charset = value.strip().strip('"')
+    try:
+        return body.decode(charset)
+    except (LookupError, UnicodeDecodeError):
+        return None
 
 
 def _left_alone(state: str, count: int) -> str:
@@ -264,7 +317,7 @@ class IdempotencyRecordAdmin(RecordActionsMixin, admin.ModelAdmin):  # type: ign
     record stays possible too.
     """
 
-    list_display = ("short_key", "principal", "endpoint", "condition", "created")
+    list_display = ("short_key", "principal_link", "endpoint", "condition", "created")
     list_filter = (ConditionFilter, "endpoint", ("created_at", admin.DateFieldListFilter))
     search_fields = ("=key", "principal")
     date_hierarchy = "created_at"
@@ -272,7 +325,7 @@ class IdempotencyRecordAdmin(RecordActionsMixin, admin.ModelAdmin):  # type: ign
     show_full_result_count = False
     actions = ("end_leases", "forget_responses")
     fields = (
-        "principal",
+        "principal_link",
         "endpoint",
         "key",
         "condition",
@@ -311,7 +364,7 @@ class IdempotencyRecordAdmin(RecordActionsMixin, admin.ModelAdmin):  # type: ign
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
         """The list, its times judged at one "now" of the store's clock."""
-        with _store_clock(self.get_queryset(request).db):
+        with _page(request, self.get_queryset(request).db):
             response = super().changelist_view(request, extra_context)
             if hasattr(response, "render"):
                 response.render()
@@ -321,11 +374,38 @@ class IdempotencyRecordAdmin(RecordActionsMixin, admin.ModelAdmin):  # type: ign
         self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None
     ) -> Any:
         """A record's page, its times judged at one "now" of the store's clock."""
-        with _store_clock(self.get_queryset(request).db):
+        with _page(request, self.get_queryset(request).db):
             response = super().change_view(request, object_id, form_url, extra_context)
             if hasattr(response, "render"):
                 response.render()
         return response
+
+    @admin.display(description=_("principal"), ordering="principal")
+    def principal_link(self, obj: IdempotencyRecord) -> str:
+        """The principal; a link to the user's admin page when it names a user.
+
+        A user principal is ``user_principal``'s ``"<app_label>.<model>:<pk>"`` for the
+        user model; it links only when that model is registered on this admin site
+        and the viewer may see it.
+        """
+        user_model = get_user_model()
+        prefix = f"{user_model._meta.label_lower}:"
+        request = _viewer.get()
+        if request is None or not obj.principal.startswith(prefix):
+            return obj.principal
+        user_admin = self.admin_site._registry.get(user_model)
+        if user_admin is None or not user_admin.has_view_or_change_permission(request):
+            return obj.principal
+        opts = user_model._meta
+        pk = obj.principal[len(prefix) :]
+        try:
+            url = reverse(
+                f"{self.admin_site.name}:{opts.app_label}_{opts.model_name}_change",
+                args=[quote(pk)],
+            )
+        except NoReverseMatch:
+            return obj.principal
+        return format_html('<a href="{}">{}</a>', url, obj.principal)
 
     @admin.display(description=_("condition"), ordering="state")
     def condition(self, obj: IdempotencyRecord) -> str:
@@ -383,16 +463,69 @@ class IdempotencyRecordAdmin(RecordActionsMixin, admin.ModelAdmin):  # type: ign
 
     @admin.display(description=_("response body"))
     def stored_body(self, obj: IdempotencyRecord) -> str:
-        """The stored body (``BODY_CODEC`` undone), as UTF-8, pretty-printed if JSON."""
+        """The body exactly as a replay sends it, with its content type and size.
+
+        ``BODY_CODEC`` undone; text shown as decoded (its charset, else UTF-8), never
+        re-sorted or re-indented; any other body as its size and a download link.
+        """
         if obj.response_body is None:
             if obj.state == RecordState.COMPLETED:
                 return str(_("(not kept: larger than MAX_RESPONSE_BYTES)"))
             return "-"
-        content_type = next(
-            (v for n, v in obj.response_headers or () if n.lower() == "content-type"), ""
+        content_type = _content_type(obj)
+        try:
+            body = store.decode_body(obj.response_body)
+        except Exception as exc:  # the codec's own errors (a removed key, corrupt data)
+            return str(_("(cannot be decoded by BODY_CODEC: %(error)s)") % {"error": exc})
+        size = ngettext("%(size)d byte", "%(size)d bytes", len(body)) % {"size": len(body)}
+        about = f"{content_type or gettext('no Content-Type')}, {size}"
+        url = reverse(
+            f"{self.admin_site.name}:django_idempotency_idempotencyrecord_body", args=[obj.pk]
         )
+        text = body_text(body, content_type)
+        if text is None:
+            return format_html(
+                '<p>{}: <a href="{}">{}</a></p>', about, url, gettext("download the body")
+            )
+        return format_html(
+            '<p>{} (<a href="{}">{}</a>)</p><pre>{}</pre>',
+            about,
+            url,
+            gettext("download"),
+            text,
+        )
+
+    def get_urls(self) -> list[Any]:
+        """The admin's URLs and the stored body's download (``<id>/body/``)."""
+        from django.urls import path
+
+        body = path(
+            "<path:object_id>/body/",
+            self.admin_site.admin_view(self.body_view),
+            name="django_idempotency_idempotencyrecord_body",
+        )
+        return [body, *super().get_urls()]
+
+    def body_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """The stored body's bytes as a replay sends them, as an attachment.
+
+        With the stored ``Content-Type`` (``application/octet-stream`` if none), for a
+        viewer who may see the record's page.
+
+        Raises:
+            PermissionDenied: the viewer may not see the record.
+            Http404: no such record, or it stores no body.
+        """
+        obj = self.get_object(request, unquote(object_id))
+        if obj is None or obj.response_body is None:
+            raise Http404("no stored body")
+        if not self.has_view_or_change_permission(request, obj):
+            raise PermissionDenied
         body = store.decode_body(obj.response_body)
-        return format_html("<pre>{}</pre>", _pretty_body(body, content_type))
+        response = HttpResponse(body, content_type=_content_type(obj) or "application/octet-stream")
+        response["Content-Disposition"] = f'attachment; filename="idempotency-record-{obj.pk}-body"'
+        response["X-Content-Type-Options"] = "nosniff"
+        return response
 
     @admin.display(description=_("outbox messages"))
     def outbox(self, obj: IdempotencyRecord) -> str:

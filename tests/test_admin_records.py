@@ -143,3 +143,96 @@ def test_owner_presence_decides_on_postgresql(staff_client):
     finally:
         with connection.cursor() as cursor:
             cursor.execute(f"SELECT pg_advisory_unlock({lock})", args)
+
+
+# -- The stored body, as a replay sends it ---------------------------------------------
+
+
+def completed_with(body: bytes, content_type: str) -> store.Claim:
+    from django.db import transaction
+
+    won = claim()
+    with transaction.atomic():
+        store.complete(
+            won, store.StoredResponse(200, [("Content-Type", content_type)], body)
+        )
+    return won
+
+
+def viewer(*codenames: str) -> Client:
+    from django.contrib.auth.models import Permission
+
+    user = UserFactory(username=f"v-{uuid.uuid4().hex[:8]}", is_staff=True)
+    for codename in codenames:
+        user.user_permissions.add(Permission.objects.get(codename=codename))
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+@pytest.mark.django_db
+def test_the_body_is_shown_exactly_as_the_replay_sends_it(staff_client, api, key):
+    first = api.post("/widgets", {"name": "<b>x</b>", "size": 2}, format="json",
+                     HTTP_IDEMPOTENCY_KEY=key)  # fmt: skip
+    replay = api.post("/widgets", {"name": "<b>x</b>", "size": 2}, format="json",
+                      HTTP_IDEMPOTENCY_KEY=key)  # fmt: skip
+    assert replay["Idempotent-Replayed"] == "true" and replay.content == first.content
+    from django.utils.html import escape
+
+    from django_idempotency.models import IdempotencyRecord
+
+    record = IdempotencyRecord.objects.get(key=key)
+    html = staff_client.get(f"{BASE}{record.pk}/change/").content.decode()
+    assert f"<pre>{escape(replay.content.decode())}</pre>" in html  # not re-indented
+    assert f"application/json, {len(replay.content)} bytes" in html
+
+    unsorted = completed_with(b'{"z": 1,\n "a": [2, 1]}', "application/json")
+    html = staff_client.get(f"{BASE}{unsorted.record_id}/change/").content.decode()
+    exact = escape('{"z": 1,\n "a": [2, 1]}')
+    assert f"<pre>{exact}</pre>" in html  # not re-sorted, not re-indented
+
+    latin = completed_with("café".encode("latin-1"), "text/plain; charset=latin-1")
+    html = staff_client.get(f"{BASE}{latin.record_id}/change/").content.decode()
+    assert "<pre>café</pre>" in html and "text/plain; charset=latin-1, 4 bytes" in html
+
+
+@pytest.mark.django_db
+def test_a_binary_body_is_a_size_and_a_download_for_those_who_may_see_the_record(staff_client):
+    png = b"\x89PNG\r\n\x1a\n\x00\xff\xfe"
+    record = completed_with(png, "image/png").record_id
+    html = staff_client.get(f"{BASE}{record}/change/").content.decode()
+    url = f"{BASE}{record}/body/"
+    assert f'image/png, 11 bytes: <a href="{url}">download the body</a>' in html
+    assert "<pre>" not in html.split("response body")[-1].split("</div>")[0]
+
+    download = staff_client.get(url)
+    assert download.status_code == 200 and download.content == png
+    assert download["Content-Type"] == "image/png"
+    assert download["Content-Disposition"].startswith("attachment;")
+    assert viewer("view_idempotencyrecord").get(url).content == png
+    assert viewer("view_outboxmessage").get(url).status_code == 403
+    assert Client().get(url).status_code == 302  # to the admin's login
+    assert staff_client.get(f"{BASE}{claim().record_id}/body/").status_code == 404  # no body
+
+
+# -- The principal ------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_user_principal_links_to_the_user_for_viewers_who_may_see_users(api, key, alice):
+    api.post("/widgets", {"name": "a"}, format="json", HTTP_IDEMPOTENCY_KEY=key)
+    from django_idempotency.models import IdempotencyRecord
+
+    record = IdempotencyRecord.objects.get(key=key)
+    user = alice.user
+    assert record.principal == f"auth.user:{user.pk}"  # principals.user_principal's form
+    link = f'<a href="/admin/auth/user/{user.pk}/change/">auth.user:{user.pk}</a>'
+    may_see_users = viewer("view_idempotencyrecord", "view_user")
+    assert link in may_see_users.get(BASE).content.decode()
+    assert link in may_see_users.get(f"{BASE}{record.pk}/change/").content.decode()
+    cannot = viewer("view_idempotencyrecord").get(BASE).content.decode()
+    assert f"auth.user:{user.pk}" in cannot and link not in cannot
+    other = claim()
+    IdempotencyRecord.objects.filter(pk=other.record_id).update(principal="webhook:stripe")
+    listing = may_see_users.get(BASE).content.decode()
+    assert "webhook:stripe" in listing and ">webhook:stripe</a>" not in listing
