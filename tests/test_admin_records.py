@@ -153,9 +153,7 @@ def completed_with(body: bytes, content_type: str) -> store.Claim:
 
     won = claim()
     with transaction.atomic():
-        store.complete(
-            won, store.StoredResponse(200, [("Content-Type", content_type)], body)
-        )
+        store.complete(won, store.StoredResponse(200, [("Content-Type", content_type)], body))
     return won
 
 
