@@ -515,6 +515,7 @@ class IdempotencyRecordAdmin(RecordActionsMixin, admin.ModelAdmin):  # type: ign
         Raises:
             PermissionDenied: the viewer may not see the record.
             Http404: no such record, or it stores no body.
+            Exception: whatever ``BODY_CODEC`` raises for a body it cannot decode.
         """
         obj = self.get_object(request, unquote(object_id))
         if obj is None or obj.response_body is None:

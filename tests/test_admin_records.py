@@ -234,3 +234,36 @@ def test_a_user_principal_links_to_the_user_for_viewers_who_may_see_users(api, k
     IdempotencyRecord.objects.filter(pk=other.record_id).update(principal="webhook:stripe")
     listing = may_see_users.get(BASE).content.decode()
     assert "webhook:stripe" in listing and ">webhook:stripe</a>" not in listing
+
+
+class _LostKeyCodec:
+    """A ``BODY_CODEC`` whose key was removed: nothing it stored can be read back."""
+
+    def encode(self, data: bytes) -> bytes:
+        return data
+
+    def decode(self, data: bytes) -> bytes:
+        raise ValueError("the key this body was encrypted with is gone")
+
+
+@pytest.mark.django_db
+def test_a_body_the_codec_cannot_decode_says_why(staff_client):
+    from django.conf import settings
+    from django.test import override_settings
+
+    record = completed_with(b"{}", "application/json").record_id
+    codec = {**getattr(settings, "IDEMPOTENCY", {}), "BODY_CODEC": _LostKeyCodec()}
+    with override_settings(IDEMPOTENCY=codec):
+        html = staff_client.get(f"{BASE}{record}/change/").content.decode()
+    assert "(cannot be decoded by BODY_CODEC: the key this body was encrypted with is gone)" in html
+
+
+@pytest.mark.django_db
+def test_records_can_still_be_deleted_from_the_list(staff_client):
+    from django_idempotency.models import IdempotencyRecord
+
+    stuck, done = claim(), completed_with(b"{}", "application/json")
+    selected = {"action": "delete_selected", "_selected_action": [stuck.record_id]}
+    staff_client.post(BASE, {**selected, "post": "yes"})
+    assert not IdempotencyRecord.objects.filter(pk=stuck.record_id).exists()
+    assert IdempotencyRecord.objects.filter(pk=done.record_id).exists()
