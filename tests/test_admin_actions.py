@@ -213,3 +213,54 @@ def test_end_the_lease_of_a_running_owner_over_http():
                                       HTTP_IDEMPOTENCY_KEY=key)  # fmt: skip
     assert replay["Idempotent-Replayed"] == "true" and replay.content == retry.content
     del GATES[gate_name]
+
+
+# -- Outbox actions and list -----------------------------------------------------------
+
+
+def _messages(*states: str) -> list[OutboxMessage]:
+    from django.db import transaction
+
+    from django_idempotency import outbox
+
+    made = []
+    for i, state in enumerate(states):
+        with transaction.atomic():
+            message = outbox.enqueue("admin.topic", {"i": i}, dedup_key=f"{state}-{i}")
+        OutboxMessage.objects.filter(pk=message.pk).update(state=state, attempts=3)
+        made.append(OutboxMessage.objects.get(pk=message.pk))
+    return made
+
+
+@pytest.mark.django_db
+def test_retry_dead_says_which_selected_messages_were_left_alone_and_why():
+    client = staff(superuser=True)
+    dead, sent, pending, sent_too = _messages("dead", "sent", "pending", "sent")
+    page = client.post(
+        OUTBOX,
+        {"action": "retry_dead", "_selected_action": [dead.pk, sent.pk, pending.pk, sent_too.pk]},
+        follow=True,
+    )
+    messages = [str(m) for m in page.context["messages"]]
+    assert messages == [
+        "1 dead message will be retried.",
+        "2 selected messages were left alone: they were sent already.",
+        "1 selected message was left alone: it is pending (the relay delivers it when due).",
+    ]
+    dead.refresh_from_db()
+    sent.refresh_from_db()
+    assert (dead.state, dead.attempts) == ("pending", 0)
+    assert (sent.state, sent.attempts) == ("sent", 3)
+
+
+@pytest.mark.django_db
+def test_a_sent_message_shows_no_due_time():
+    client = staff(superuser=True)
+    sent, pending = _messages("sent", "pending")
+    listing = client.get(OUTBOX)
+    rows = {row.pk: row for row in listing.context["cl"].result_list}
+    admin_obj = listing.context["cl"].model_admin
+    assert admin_obj.due(rows[sent.pk]) == "—"
+    assert admin_obj.due(rows[pending.pk]) == pending.available_at
+    page = client.get(f"{OUTBOX}{sent.pk}/change/").content.decode()
+    assert "Available at" in page and "—" in page

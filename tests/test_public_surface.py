@@ -294,6 +294,7 @@ def test_the_management_commands_are_pinned() -> None:
     commands = get_commands()
 
     assert {name for name, app in commands.items() if app == "django_idempotency"} == {
+        "idempotency_records",
         "idempotency_relay",
         "idempotency_sweep",
     }

@@ -3,18 +3,55 @@
 * :func:`end_leases` and :func:`forget_responses`: the admin's actions (docs/admin.md);
 * :func:`peek`: what a claim would collide with, without claiming, for a request that
   may not run the view (DRF found no renderer for its ``Accept``) but may be answered
-  from the record (docs/protocol.md).
+  from the record (docs/protocol.md);
+* what the admin and ``manage.py idempotency_records`` show: each record's condition
+  (:func:`with_condition`, :func:`condition_of`, :func:`only_condition`: in flight,
+  abandoned, completed, judged by the store's clock and, on PostgreSQL, by the owner's
+  presence lock) and times as an operator reads them (:func:`relative`).
 """
 
 from __future__ import annotations
 
-from django.db import transaction
-from django.db.models import F
+import datetime as dt
+from typing import Any
+
+from django.db import connections, transaction
+from django.db.models import BooleanField, F, Q, QuerySet, Value
+from django.db.models.expressions import RawSQL
 
 from django_idempotency.models import IdempotencyRecord, RecordState
+from django_idempotency.store import clock
 from django_idempotency.store.routing import record_database
 from django_idempotency.store.rows import fetch, now_value
+from django_idempotency.store.sql import presence_key
 from django_idempotency.store.values import Existing, Scope
+
+#: A claim whose lease is live and whose owner, where presence is known, is present:
+#: duplicates get 409 ``request-in-flight``.
+IN_FLIGHT = "in flight"
+#: A claim whose lease is over, or whose owner's session is gone (PostgreSQL, owner
+#: presence): the next retry with the same request takes it over.
+ABANDONED = "abandoned"
+#: A completed record: retries get its stored response.
+COMPLETED = "completed"
+#: Every condition a record can be in (a released claim is deleted: it has no row).
+CONDITIONS = (IN_FLIGHT, ABANDONED, COMPLETED)
+
+_T = IdempotencyRecord._meta.db_table
+_PREFIX = f'"{_T}".'
+#: On PostgreSQL: the owner's session recorded its presence lock (``owner_pid``) and no
+#: longer holds it, so a claim would take the record over at once. One scan of
+#: ``pg_locks`` per query (an uncorrelated subquery); a one-bigint advisory lock shows
+#: its key's high half in ``classid``, its low half in ``objid``, ``objsubid`` 1.
+_OWNER_GONE_SQL = f"""(
+    "{_T}"."owner_pid" IS NOT NULL
+    AND ("{_T}"."owner_pid", {presence_key(_PREFIX)}) NOT IN (
+        SELECT l.pid, (l.classid::bigint << 32) | l.objid::bigint
+        FROM pg_locks l
+        WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+          AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+    )
+)"""
 
 
 def end_leases(record_ids: list[int], *, using: str | None = None) -> int:
@@ -98,3 +135,86 @@ def peek(scope: Scope, fingerprint: str, *, using: str | None = None) -> Existin
     ):
         return None
     return existing
+
+
+def _owner_gone(using: str) -> Any:
+    """Whether the owner is known to be gone, as an ORM boolean expression."""
+    if connections[using].vendor != "postgresql":
+        return Value(False, output_field=BooleanField())  # presence is PostgreSQL's only
+    return RawSQL(_OWNER_GONE_SQL, [], output_field=BooleanField())
+
+
+def with_condition(queryset: QuerySet[Any]) -> QuerySet[Any]:
+    """``queryset`` of records annotated ``owner_gone`` for :func:`condition_of`.
+
+    ``owner_gone`` is true for a record whose owner held its presence lock and holds it
+    no more (PostgreSQL); false wherever presence is unknown.
+    """
+    annotated: QuerySet[Any] = queryset.annotate(owner_gone=_owner_gone(queryset.db))
+    return annotated
+
+
+def only_condition(queryset: QuerySet[Any], condition: str) -> QuerySet[Any]:
+    """The records of ``queryset`` in ``condition``, judged by the store's clock now.
+
+    Raises:
+        ValueError: ``condition`` is not one of :data:`CONDITIONS`.
+    """
+    if condition == COMPLETED:
+        return queryset.filter(state=RecordState.COMPLETED)
+    using = queryset.db
+    live = Q(lease_until__gt=now_value(using))
+    gone = _owner_gone(using)
+    if condition == IN_FLIGHT:
+        present = queryset.alias(_owner_gone=gone).filter(_owner_gone=False)
+        in_flight: QuerySet[Any] = present.filter(live, state=RecordState.CLAIMED)
+        return in_flight
+    if condition == ABANDONED:
+        claimed = queryset.alias(_owner_gone=gone).filter(state=RecordState.CLAIMED)
+        abandoned: QuerySet[Any] = claimed.filter(~live | Q(_owner_gone=True))
+        return abandoned
+    raise ValueError(f"unknown condition {condition!r}; one of {', '.join(CONDITIONS)}")
+
+
+def condition_of(record: IdempotencyRecord, now: dt.datetime) -> str:
+    """The condition of ``record`` at ``now``: in flight, abandoned or completed.
+
+    Returns :data:`IN_FLIGHT`, :data:`ABANDONED` or :data:`COMPLETED`.
+
+    Args:
+        record: a record, read through :func:`with_condition` for owner presence
+            (without it, only the lease decides).
+        now: the store's clock (``clock.store_now``), aware.
+    """
+    if record.state == RecordState.COMPLETED:
+        return COMPLETED
+    lease_until = clock.from_db(record.lease_until, connections[record._state.db or "default"])
+    if lease_until <= now or getattr(record, "owner_gone", False):
+        return ABANDONED
+    return IN_FLIGHT
+
+
+def relative(moment: dt.datetime, now: dt.datetime) -> str:
+    """How far ``moment`` is from ``now``, as an operator reads it.
+
+    ``"in 42 s"``, ``"3 min ago"``, ``"2 h ago"``, ``"in 3 d"``; ``"now"`` within a
+    second. Rounded down to the unit: seconds under a minute, minutes under an hour,
+    hours under two days, days beyond.
+
+    Args:
+        moment: an aware datetime.
+        now: an aware datetime.
+    """
+    seconds = (moment - now).total_seconds()
+    size = abs(seconds)
+    if size < 1:
+        return "now"
+    if size < 60:
+        amount = f"{int(size)} s"
+    elif size < 3600:
+        amount = f"{int(size // 60)} min"
+    elif size < 48 * 3600:
+        amount = f"{int(size // 3600)} h"
+    else:
+        amount = f"{int(size // 86400)} d"
+    return f"in {amount}" if seconds > 0 else f"{amount} ago"
