@@ -47,6 +47,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 CHUNK = 65536
 #: Chunks forwarded towards the target, by every connection of this process.
@@ -173,6 +175,30 @@ class LatencyProxy:
         if self._process is not None:
             self._process.send_signal(signal.SIGTERM)
             self._process.wait(timeout=10)
+
+
+def behind_proxy(
+    stack: contextlib.ExitStack[Any], url: str, delay_ms: float
+) -> tuple[LatencyProxy, str]:
+    """Start a proxy in front of ``url``'s server for the life of ``stack``.
+
+    Returns the proxy and ``url`` pointed at it, after printing the ``SELECT 1`` round
+    trip through it beside the direct one.
+
+    Args:
+        stack: the ``ExitStack`` that stops the proxy.
+        url: a ``postgres://`` URL.
+        delay_ms: milliseconds each chunk waits, in each direction.
+    """
+    parts = urlsplit(url)
+    target = (parts.hostname or "127.0.0.1", parts.port or 5432)
+    proxy = stack.enter_context(LatencyProxy(target, delay=delay_ms / 1000))
+    proxied = urlunsplit(parts._replace(netloc=f"{parts.username}@127.0.0.1:{proxy.port}"))
+    print(
+        f"  database behind the latency proxy, {delay_ms} ms each way: SELECT 1 round trip "
+        f"{round_trip(proxied) * 1000:.2f} ms (direct {round_trip(url) * 1000:.2f} ms)"
+    )
+    return proxy, proxied
 
 
 def round_trip(url: str, *, samples: int = 200) -> float:

@@ -37,15 +37,21 @@ import statistics
 import sys
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from http_bench import cpu_sample, load  # noqa: E402
-from latency_proxy import LatencyProxy, round_trip  # noqa: E402
+from latency_proxy import LatencyProxy, behind_proxy  # noqa: E402
 from minimal_app.without import MECHANISMS  # noqa: E402
-from minimal_view import BODY, PATH, MinimalServer, add_server_arguments, prepare  # noqa: E402
+from minimal_view import (  # noqa: E402
+    BODY,
+    PATH,
+    MinimalServer,
+    add_server_arguments,
+    prepare,
+    server_env,
+)
 
 from storm.server import SetupError, ThrowawayDatabase  # noqa: E402
 
@@ -107,36 +113,13 @@ def measure_pair(
     return out
 
 
-def server_env(url: str) -> dict[str, str]:
-    """The benchmark servers' environment, on the database at ``url``."""
-    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    env.update(
-        DJANGO_SETTINGS_MODULE="minimal_app.settings",
-        DATABASE_URL=url,
-        PYTHONPATH=os.pathsep.join(
-            p for p in (str(HERE), str(HERE.parent), env.get("PYTHONPATH")) if p
-        ),
-    )
-    return env
-
-
 def run_once(url: str, token: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     """Every mechanism once, on a database behind the proxy if asked."""
     env = server_env(url)
     with contextlib.ExitStack() as stack:
         proxy = None
         if args.db_latency_ms is not None:
-            parts = urlsplit(url)
-            target = (parts.hostname or "127.0.0.1", parts.port or 5432)
-            proxy = stack.enter_context(LatencyProxy(target, delay=args.db_latency_ms / 1000))
-            env["DATABASE_URL"] = urlunsplit(
-                parts._replace(netloc=f"{parts.username}@127.0.0.1:{proxy.port}")
-            )
-            print(
-                f"  database behind the latency proxy: SELECT 1 round trip "
-                f"{round_trip(env['DATABASE_URL']) * 1000:.2f} ms "
-                f"(direct {round_trip(url) * 1000:.2f} ms)"
-            )
+            proxy, env["DATABASE_URL"] = behind_proxy(stack, url, args.db_latency_ms)
         results = []
         for mechanism in args.mechanisms:
             results.append(measure_pair(env, token, mechanism, args, proxy))

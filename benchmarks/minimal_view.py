@@ -42,13 +42,12 @@ import subprocess
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from http_bench import Cell, cpu_sample, load, prepare_replays  # noqa: E402
-from latency_proxy import LatencyProxy, round_trip  # noqa: E402
+from latency_proxy import behind_proxy  # noqa: E402
 
 from storm.server import Gunicorn, SetupError, ThrowawayDatabase  # noqa: E402
 
@@ -108,29 +107,26 @@ def prepare(env: dict[str, str]) -> str:
     return django_admin(env, "shell", "-c", script).strip().splitlines()[-1]  # after the banner
 
 
-def run(url: str, args: argparse.Namespace) -> list[dict[str, object]]:
+def server_env(url: str) -> dict[str, str]:
+    """The benchmark servers' environment, on the database at ``url``."""
     env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
-    root = str(HERE.parent)
     env.update(
         DJANGO_SETTINGS_MODULE="minimal_app.settings",
         DATABASE_URL=url,
-        PYTHONPATH=os.pathsep.join(p for p in (str(HERE), root, env.get("PYTHONPATH")) if p),
+        PYTHONPATH=os.pathsep.join(
+            p for p in (str(HERE), str(HERE.parent), env.get("PYTHONPATH")) if p
+        ),
     )
+    return env
+
+
+def run(url: str, args: argparse.Namespace) -> list[dict[str, object]]:
+    env = server_env(url)
     token = prepare(env)
     with contextlib.ExitStack() as stack:
         if args.db_latency_ms is not None:
             # The app's connections go through the proxy: a network between app and DB.
-            parts = urlsplit(url)
-            target = (parts.hostname or "127.0.0.1", parts.port or 5432)
-            proxy = stack.enter_context(LatencyProxy(target, delay=args.db_latency_ms / 1000))
-            env["DATABASE_URL"] = urlunsplit(
-                parts._replace(netloc=f"{parts.username}@127.0.0.1:{proxy.port}")
-            )
-            print(
-                f"  database behind a latency proxy: {args.db_latency_ms} ms each way, "
-                f"SELECT 1 round trip {round_trip(env['DATABASE_URL']) * 1000:.2f} ms "
-                f"(direct: {round_trip(url) * 1000:.2f} ms)"
-            )
+            _proxy, env["DATABASE_URL"] = behind_proxy(stack, url, args.db_latency_ms)
         return measure(env, token, args)
 
 

@@ -276,29 +276,18 @@ def main() -> None:
         return
     with contextlib.ExitStack() as stack:
         if args.db_latency_ms is not None:
-            behind_proxy(stack, args.db_latency_ms)
+            behind_the_proxy(stack, args.db_latency_ms)
         compare(args)
 
 
-def behind_proxy(stack: contextlib.ExitStack, delay_ms: float) -> None:
+def behind_the_proxy(stack: contextlib.ExitStack[Any], delay_ms: float) -> None:
     """Point ``DATABASE_URL`` (this process's and its children's) through a latency proxy."""
-    from urllib.parse import urlsplit, urlunsplit
-
-    from latency_proxy import LatencyProxy, round_trip
+    from latency_proxy import behind_proxy
 
     url = os.environ.get("DATABASE_URL", "")
-    parts = urlsplit(url)
-    if not parts.scheme.startswith("postgres"):
+    if not url.startswith("postgres"):
         raise SystemExit("--db-latency-ms needs DATABASE_URL=postgres://...")
-    target = (parts.hostname or "127.0.0.1", parts.port or 5432)
-    proxy = stack.enter_context(LatencyProxy(target, delay=delay_ms / 1000))
-    netloc = f"{parts.username}@127.0.0.1:{proxy.port}"
-    os.environ["DATABASE_URL"] = urlunsplit(parts._replace(netloc=netloc))
-    print(
-        f"database behind the latency proxy: SELECT 1 round trip "
-        f"{round_trip(os.environ['DATABASE_URL']) * 1000:.2f} ms "
-        f"(direct {round_trip(url) * 1000:.2f} ms)"
-    )
+    _proxy, os.environ["DATABASE_URL"] = behind_proxy(stack, url, delay_ms)
 
 
 def compare(args: argparse.Namespace) -> None:
@@ -353,8 +342,7 @@ def compare(args: argparse.Namespace) -> None:
                     violations[combination] += wrong
                 rates[combination].append(rate)
         print(
-            "| batch size | threads | relays | mark delay | messages/s (median) | min | max "
-            "| dup |"
+            "| batch size | threads | relays | mark delay | messages/s (median) | min | max | dup |"
         )
         print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
         for combination in combinations:
