@@ -52,6 +52,9 @@ def header(name: str) -> KeyExtractor:
             return None
         return str(value.strip(" \t"))
 
+    # Its value arrives decoded as ISO-8859-1, as every header does: the key check
+    # names a refused character as the client sent it (protocol.keys).
+    from_header.from_header = True  # type: ignore[attr-defined]
     return _with_source(from_header, f"the {name} header")
 
 

@@ -176,16 +176,23 @@ def extract(extractor: KeyExtractor, request: Any, *, max_length: int) -> str | 
         ) from None
     if key is None:
         return None
-    return check_key(key, where=where, max_length=max_length)
+    return check_key(
+        key,
+        where=where,
+        max_length=max_length,
+        from_header=getattr(extractor, "from_header", False) is True,
+    )
 
 
-def check_key(key: Any, *, where: str, max_length: int) -> str:
+def check_key(key: Any, *, where: str, max_length: int, from_header: bool = False) -> str:
     """``key`` if it is a usable idempotency key: 1 to ``max_length`` printable ASCII.
 
     Args:
         key: the candidate.
         where: where it came from, for the message (``"the svix-id header"``).
         max_length: longest accepted key, in characters.
+        from_header: the key is a header's value, decoded as ISO-8859-1 as every
+            header is: a refused character is named as the client sent it.
 
     Raises:
         InvalidKey: not a string, empty, too long, or not printable ASCII (0x20-0x7E,
@@ -200,11 +207,11 @@ def check_key(key: Any, *, where: str, max_length: int) -> str:
             f"The idempotency key from {where} is {len(key)} characters long; the limit "
             f"is {max_length}."
         )
-    for char in key:
+    for index, char in enumerate(key):
         if not 0x20 <= ord(char) <= 0x7E:
+            named = _as_sent(key, index) if from_header else f"the character {char!r}"
             raise InvalidKey(
-                f"The idempotency key from {where} must be printable ASCII; it contains "
-                f"the character {char!r}."
+                f"The idempotency key from {where} must be printable ASCII; it contains {named}."
             )
     return key
 

@@ -154,6 +154,23 @@ def test_an_unusable_extracted_key_is_a_400_invalid_key(body, detail):
     assert Widget.objects.count() == 0 and IdempotencyRecord.objects.count() == 0
 
 
+def test_an_extracted_key_names_a_refused_character_as_the_client_sent_it():
+    """A key header's value arrives decoded as ISO-8859-1 (the test client, like a WSGI
+    server, hands over ``café``'s UTF-8 bytes as ``cafÃ©``): the 400 names ``'é'`` and
+    its bytes. A key from a JSON body is real text: its character is named as it is."""
+    github = deliver(
+        "/hooks/github", {"zen": "hi"}, signature_header="HTTP_X_HUB_SIGNATURE_256",
+        HTTP_X_GITHUB_DELIVERY="caf\u00e9".encode().decode("latin-1"),
+    )  # fmt: skip
+    assert github.status_code == 400 and slug(github) == "invalid-key"
+    assert "the character 'é' (UTF-8 bytes C3 A9)" in github.json()["detail"]
+    body = '{"id": "caf\u00e9"}'.encode()
+    stripe = Client().post("/hooks/stripe", body, content_type="application/json",
+                           HTTP_X_TEST_SIGNATURE=sign(SECRET, body))  # fmt: skip
+    assert stripe.status_code == 400 and "the character 'é'." in stripe.json()["detail"]
+    assert IdempotencyRecord.objects.count() == 0
+
+
 def test_a_missing_extracted_key_is_a_400_missing_key():
     response = deliver("/hooks/stripe", {"type": "ping"})
     assert response.status_code == 400 and slug(response) == "missing-key"
