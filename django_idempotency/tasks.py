@@ -29,12 +29,14 @@ from celery.exceptions import SoftTimeLimitExceeded  # type: ignore[import-untyp
 from django_idempotency import retention
 from django_idempotency.management import jobs
 from django_idempotency.outbox import relay
+from django_idempotency.outbox.enqueue import RELAY_TASK
+from django_idempotency.retention.sweeper import SWEEP_TASK
 from django_idempotency.store.routing import all_databases
 
 _then = "the next run retries"
 
 
-@shared_task(name="django_idempotency.relay_outbox", ignore_result=True)  # type: ignore[untyped-decorator]
+@shared_task(name=RELAY_TASK, ignore_result=True)  # type: ignore[untyped-decorator]
 def relay_outbox(
     batch_size: int | None = None,
     using: str | None = None,
@@ -78,7 +80,7 @@ def relay_outbox(
     return total
 
 
-@shared_task(name="django_idempotency.sweep", ignore_result=True)  # type: ignore[untyped-decorator]
+@shared_task(name=SWEEP_TASK, ignore_result=True)  # type: ignore[untyped-decorator]
 def sweep(using: str | None = None, dry_run: bool = False) -> dict[str, object]:
     """Retention sweeper (docs/retention.md); see ``retention.sweep``. Schedule it with beat.
 

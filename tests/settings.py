@@ -4,6 +4,7 @@ unset means SQLite; ``postgres://postgres@127.0.0.1:5432/postgres`` runs on Post
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import tempfile
 from pathlib import Path
 
@@ -61,6 +62,11 @@ INSTALLED_APPS = [
     "django_idempotency",
     "tests.support.testapp",
 ]
+# Where django-celery-beat supports the Django under test (the Makefile installs it
+# only there): the periodic tasks' tests (tests/contrib/test_celery_beat.py).
+# A test that hides Celery (the app without it) hides django-celery-beat with it.
+if all(importlib.util.find_spec(name) is not None for name in ("celery", "django_celery_beat")):
+    INSTALLED_APPS.append("django_celery_beat")
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",

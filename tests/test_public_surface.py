@@ -106,6 +106,12 @@ NAMES: dict[str, tuple[str, ...]] = {
     "django_idempotency.admin": ("IdempotencyRecordAdmin", "OutboxMessageAdmin"),
     "django_idempotency.contrib.openapi": ("IdempotentAutoSchema", "IdempotentSchemaMixin"),
     "django_idempotency.contrib.prometheus": ("install", "uninstall"),
+    "django_idempotency.contrib.celery_beat": (
+        "DEFAULT_TASKS",
+        "PeriodicTaskSpec",
+        "add_periodic_tasks",
+        "remove_periodic_tasks",
+    ),
     "django_idempotency.testing": (
         "IdempotencyTestMixin",
         "fence_stale_owner",

@@ -16,6 +16,7 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 
 from django_idempotency.conf import DEFAULTS, conf
 from django_idempotency.protocol.responses import FORBIDDEN_HEADERS
+from django_idempotency.retention.sweeper import SWEEP_TASK
 from django_idempotency.store import stricter_than_read_committed
 from django_idempotency.store.routing import outbox_database, record_database
 
@@ -143,8 +144,6 @@ def _check_retention() -> Iterator[CheckMessage]:
 
 # --- Production readiness (W003, W004, E007) ------------------------------------------
 
-#: The Celery task name of the retention sweeper (``django_idempotency.tasks``).
-SWEEP_TASK = "django_idempotency.sweep"
 #: Largest ``MAX_RESPONSE_BYTES``: PostgreSQL's limit for one ``bytea`` value (1 GB).
 MAX_RESPONSE_BYTES_LIMIT = 1024**3 - 1
 

@@ -53,6 +53,9 @@ from django_idempotency.store.schema.tables import days_ahead
 
 logger = logging.getLogger("django_idempotency")
 
+#: The name of the Celery task that runs the sweeper (``django_idempotency.tasks.sweep``).
+SWEEP_TASK = "django_idempotency.sweep"
+
 #: Seconds a partition drop waits for its lock before giving up until the next run.
 LOCK_TIMEOUT = 5.0
 

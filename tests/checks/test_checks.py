@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+from django.conf import settings
 from django.core import checks
 from django.test import override_settings
 
@@ -117,6 +118,11 @@ def test_w003_non_postgresql_database_in_production(outside_tests):
         assert check_production_database() == []
 
 
+#: The test settings without django-celery-beat (installed where it supports Django).
+WITHOUT_BEAT = [app for app in settings.INSTALLED_APPS if app != "django_celery_beat"]
+
+
+@override_settings(INSTALLED_APPS=WITHOUT_BEAT)
 def test_w004_no_sweeper_scheduled():
     with override_settings(DEBUG=False, CELERY_BEAT_SCHEDULE={}):
         (message,) = check_sweeper_scheduled()

@@ -1,0 +1,167 @@
+"""The relay and the sweeper as django-celery-beat periodic tasks (docs/celery.md).
+
+With django-celery-beat's database scheduler
+(``celery beat --scheduler django_celery_beat.schedulers:DatabaseScheduler``), a
+project's periodic tasks are ``PeriodicTask`` rows that operators see and change in the
+admin. :func:`add_periodic_tasks` creates the two this app needs, once, and never
+overwrites a row that exists (an operator's interval, arguments or ``enabled`` stay as
+they are); :func:`remove_periodic_tasks` deletes them. Both take the ``(apps,
+schema_editor)`` of a ``migrations.RunPython`` operation, so a project's data migration
+can call them, and work outside migrations with no arguments::
+
+    from django.db import migrations
+
+    from django_idempotency.contrib.celery_beat import (
+        add_periodic_tasks,
+        remove_periodic_tasks,
+    )
+
+    class Migration(migrations.Migration):
+        dependencies = [("django_celery_beat", "0019_alter_periodictasks_options")]
+        operations = [migrations.RunPython(add_periodic_tasks, remove_periodic_tasks)]
+
+Needs ``pip install django-idempotency[beat]`` and ``django_celery_beat`` in
+``INSTALLED_APPS``. The tasks themselves are ``django_idempotency.tasks``'s.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from django.apps import apps as global_apps
+from django.utils import timezone
+
+from django_idempotency.outbox.enqueue import RELAY_TASK
+from django_idempotency.retention.sweeper import SWEEP_TASK
+
+
+@dataclass(frozen=True)
+class PeriodicTaskSpec:
+    """One periodic task as :func:`add_periodic_tasks` creates it.
+
+    Attributes:
+        name: the ``PeriodicTask``'s unique name, which identifies it from then on.
+        task: the registered Celery task's name.
+        every: seconds between runs (an ``IntervalSchedule`` of that many seconds).
+        description: what the admin shows beside it.
+    """
+
+    name: str
+    task: str
+    every: int
+    description: str
+
+
+#: What :func:`add_periodic_tasks` creates by default: the relay every 10 s (a commit
+#: that enqueues a message also starts it at once: the interval only bounds how late a
+#: retried or missed message is handed out) and the sweeper every hour (docs/retention.md).
+DEFAULT_TASKS = (
+    PeriodicTaskSpec(
+        "django-idempotency: outbox relay",
+        RELAY_TASK,
+        10,
+        "Delivers the outbox messages that are due (django_idempotency.tasks.relay_outbox).",
+    ),
+    PeriodicTaskSpec(
+        "django-idempotency: retention sweep",
+        SWEEP_TASK,
+        3600,
+        "Drops or deletes expired idempotency records (django_idempotency.tasks.sweep).",
+    ),
+)
+
+
+def add_periodic_tasks(
+    apps: Any = None,
+    schema_editor: Any = None,
+    *,
+    tasks: tuple[PeriodicTaskSpec, ...] = DEFAULT_TASKS,
+) -> list[str]:
+    """Create the relay's and the sweeper's ``PeriodicTask`` rows where they are missing.
+
+    A row whose name exists is left exactly as it is (an operator may have changed its
+    interval, arguments or disabled it); a missing one is created enabled, with an
+    ``IntervalSchedule`` of ``every`` seconds (shared with any row of the same interval).
+
+    Args:
+        apps: a migration's app registry (``RunPython`` passes it); ``None``: the
+            project's own models.
+        schema_editor: the migration's schema editor (unused; ``RunPython`` passes it).
+            Its connection's alias is the database written, when given.
+        tasks: what to create; by default :data:`DEFAULT_TASKS`.
+
+    Returns:
+        The names of the rows created (empty when every one existed).
+
+    Raises:
+        LookupError: ``django_celery_beat`` is not in ``INSTALLED_APPS`` (or, in a
+            migration, the migration does not depend on its migrations).
+    """
+    registry = apps or global_apps
+    interval_model = registry.get_model("django_celery_beat", "IntervalSchedule")
+    task_model = registry.get_model("django_celery_beat", "PeriodicTask")
+    using = schema_editor.connection.alias if schema_editor is not None else "default"
+    created: list[str] = []
+    for spec in tasks:
+        if task_model._default_manager.using(using).filter(name=spec.name).exists():
+            continue
+        interval, _new = interval_model._default_manager.using(using).get_or_create(
+            every=spec.every, period="seconds"
+        )
+        task_model._default_manager.using(using).create(
+            name=spec.name,
+            task=spec.task,
+            interval=interval,
+            args=json.dumps([]),
+            kwargs=json.dumps({}),
+            enabled=True,
+            description=spec.description,
+        )
+        created.append(spec.name)
+    if created:
+        _mark_changed(registry, using)
+    return created
+
+
+def remove_periodic_tasks(
+    apps: Any = None,
+    schema_editor: Any = None,
+    *,
+    tasks: tuple[PeriodicTaskSpec, ...] = DEFAULT_TASKS,
+) -> int:
+    """Delete the ``PeriodicTask`` rows :func:`add_periodic_tasks` creates, by name.
+
+    Args:
+        apps: a migration's app registry; ``None``: the project's own models.
+        schema_editor: the migration's schema editor (its connection's alias is used).
+        tasks: whose rows to delete; by default :data:`DEFAULT_TASKS`.
+
+    Returns:
+        The number of rows deleted. Their interval schedules are kept (other tasks may
+        share them).
+
+    Raises:
+        LookupError: ``django_celery_beat`` is not installed.
+    """
+    registry = apps or global_apps
+    task_model = registry.get_model("django_celery_beat", "PeriodicTask")
+    using = schema_editor.connection.alias if schema_editor is not None else "default"
+    names = [spec.name for spec in tasks]
+    deleted = task_model._default_manager.using(using).filter(name__in=names).delete()[0]
+    if deleted:
+        _mark_changed(registry, using)
+    return int(deleted)
+
+
+def _mark_changed(registry: Any, using: str) -> None:
+    """Tell a running database scheduler to reload its rows.
+
+    It compares the single ``PeriodicTasks`` row's ``last_update`` with what it read
+    last; the real models' signals move it, a migration's historical models have none.
+    """
+    tracker = registry.get_model("django_celery_beat", "PeriodicTasks")
+    tracker._default_manager.using(using).update_or_create(
+        ident=1, defaults={"last_update": timezone.now()}
+    )
