@@ -169,6 +169,42 @@ def drain(
     return delivered
 
 
+#: The SQL floor: each batch of due messages locked, marked ``sent`` and returned in one
+#: autocommitted statement, nothing else. The least any relay on this table can cost,
+#: and at most once (a crash after it loses the batch: no lease, no mark after the
+#: handler), so not a relay: a yardstick for the relay's own statements and Python.
+FLOOR_SQL = """
+WITH due AS (
+    SELECT id FROM django_idempotency_outbox
+    WHERE state = 'pending' AND available_at <= statement_timestamp()
+    ORDER BY available_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE django_idempotency_outbox AS m
+SET state = 'sent', sent_at = statement_timestamp(), attempts = m.attempts + 1
+WHERE m.id = ANY(ARRAY(SELECT id FROM due))
+RETURNING m.id, m.topic, m.payload, m.dedup_key, m.attempts
+"""
+
+
+def run_floor(batch_size: int, messages: int, max_seconds: float) -> float:
+    """The SQL floor (:data:`FLOOR_SQL`) on the same table and rows; messages/s."""
+    from django.db import connection
+
+    fill(messages)
+    delivered = 0
+    started = time.perf_counter()
+    with connection.cursor() as cursor:
+        while time.perf_counter() - started < max_seconds:
+            cursor.execute(FLOOR_SQL, {"limit": batch_size})
+            rows = cursor.fetchall()
+            if not rows:
+                break
+            delivered += len(rows)
+    return delivered / (time.perf_counter() - started)
+
+
 def run_here(
     batch_size: int, threads: int, messages: int, max_seconds: float, mark_delay: float | None
 ) -> float:
@@ -290,6 +326,14 @@ def behind_the_proxy(stack: contextlib.ExitStack[Any], delay_ms: float) -> None:
     _proxy, os.environ["DATABASE_URL"] = behind_proxy(stack, url, delay_ms)
 
 
+def of_floor(rates: list[float], floor: list[float] | None) -> str:
+    """Each run's rate over the floor's in the same repeat: median (min-max)."""
+    if not floor:
+        return "-"
+    ratios = sorted(rate / base for rate, base in zip(rates, floor, strict=True))
+    return f"{statistics.median(ratios):.2f} ({ratios[0]:.2f}-{ratios[-1]:.2f})"
+
+
 def compare(args: argparse.Namespace) -> None:
     """Every combination, ``--repeat`` times, the combinations interleaved in each."""
     configure()
@@ -331,6 +375,10 @@ def compare(args: argparse.Namespace) -> None:
     )
     rates: dict[tuple[Any, ...], list[float]] = {c: [] for c in combinations}
     violations = dict.fromkeys(combinations, 0)
+    # The SQL floor beside each batch size, in the same repeats (PostgreSQL).
+    floors: dict[int, list[float]] = (
+        {size: [] for size in args.batch_sizes} if connection.vendor == "postgresql" else {}
+    )
     try:
         for _ in range(args.repeat):
             for combination in combinations:
@@ -341,10 +389,13 @@ def compare(args: argparse.Namespace) -> None:
                     rate, wrong = run_processes(args, batch_size, threads, count, port, delay)
                     violations[combination] += wrong
                 rates[combination].append(rate)
+            for size, runs in floors.items():
+                runs.append(run_floor(size, args.messages, args.max_seconds))
         print(
-            "| batch size | threads | relays | mark delay | messages/s (median) | min | max | dup |"
+            "| batch size | threads | relays | mark delay | messages/s (median) | min | max "
+            "| / SQL floor (median, min-max) | dup |"
         )
-        print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
         for combination in combinations:
             batch_size, threads, count, delay = combination
             runs = sorted(rates[combination])
@@ -353,7 +404,14 @@ def compare(args: argparse.Namespace) -> None:
             shown = "default" if delay is None else f"{delay:g} s"
             print(
                 f"| {batch_size} | {threads} | {relays} | {shown} "
-                f"| {statistics.median(runs):,.0f} | {runs[0]:,.0f} | {runs[-1]:,.0f} | {dup} |"
+                f"| {statistics.median(runs):,.0f} | {runs[0]:,.0f} | {runs[-1]:,.0f} "
+                f"| {of_floor(rates[combination], floors.get(batch_size))} | {dup} |"
+            )
+        for size, runs in floors.items():
+            runs = sorted(runs)
+            print(
+                f"| {size} | - | SQL floor | - | {statistics.median(runs):,.0f} "
+                f"| {runs[0]:,.0f} | {runs[-1]:,.0f} | 1 | - |"
             )
     finally:
         if server is not None:

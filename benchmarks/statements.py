@@ -109,6 +109,7 @@ def run(args: argparse.Namespace) -> None:
             take=False,
             test=False,
             async_commit=async_commit,
+            request_path="/v1/workers",
         )
 
     response = StoredResponse(201, [("Content-Type", "application/json")], b'{"id": "w"}' * 40)

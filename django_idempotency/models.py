@@ -41,6 +41,10 @@ class IdempotencyRecord(models.Model):
     ``sweep_after`` is the window's end as first claimed and never changes: on
     PostgreSQL it is the partition key, so each record is stored in the partition of
     the day its own window ends.
+    ``request_path`` is the path the claiming request was sent to (``endpoint`` is its
+    route), percent-encoded and cut to 255 characters, never its query string or body:
+    for operators (the admin, ``idempotency_records``), not part of the scope; empty
+    without a request (``inbox.once``), ``NULL`` for a row written by other SQL.
     ``owner_pid`` is the PostgreSQL backend process of the owner's session when that
     session holds the record's presence lock (docs/robustness.md#owner-presence);
     ``NULL`` when presence is unknown (a transaction pooler, another database, or the
@@ -49,6 +53,9 @@ class IdempotencyRecord(models.Model):
 
     principal = models.CharField(_("principal"), max_length=255)
     endpoint = models.CharField(_("endpoint"), max_length=255)
+    request_path = models.CharField(
+        _("request path"), max_length=255, blank=True, null=True, default=""
+    )
     key = models.CharField(_("idempotency key"), max_length=255)
     fingerprint = models.CharField(_("fingerprint"), max_length=64)
     state = models.CharField(

@@ -267,3 +267,23 @@ def test_records_can_still_be_deleted_from_the_list(staff_client):
     staff_client.post(BASE, {**selected, "post": "yes"})
     assert not IdempotencyRecord.objects.filter(pk=stuck.record_id).exists()
     assert IdempotencyRecord.objects.filter(pk=done.record_id).exists()
+
+
+@pytest.mark.django_db
+def test_the_list_and_page_show_the_request_path_beside_the_route(staff_client, api, key):
+    from django_idempotency.models import IdempotencyRecord
+    from tests.support.testapp.models import Widget
+
+    widget = Widget.objects.create(name="box")
+    api.post(f"/widgets/{widget.pk}/reboot", {}, format="json", HTTP_IDEMPOTENCY_KEY=key)
+    without = claim()  # claimed without a request: no path
+    row = row_text(staff_client, key)
+    assert "POST /widgets/{pk}/reboot" in row and f"/widgets/{widget.pk}/reboot " in row
+    assert re.search(
+        r"POST /jobs\s+(in flight|abandoned)", row_text(staff_client, without.scope.key)
+    )
+    found = staff_client.get(BASE, {"q": f"/widgets/{widget.pk}/reboot"}).content.decode()
+    assert key in found and without.scope.key not in found
+    record = IdempotencyRecord.objects.get(key=key)
+    page = staff_client.get(f"{BASE}{record.pk}/change/").content.decode()
+    assert "Request path" in page and f"/widgets/{widget.pk}/reboot" in page

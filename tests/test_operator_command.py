@@ -102,3 +102,16 @@ def test_acting_needs_a_lookup_and_a_key_hash_is_checked():
         records("--key-hash", "not-a-hash")
     with transaction.atomic():
         assert "0 records found." in records("--key-hash", "0" * 12)
+
+
+def test_finds_records_by_request_path_and_prints_it(api, key):
+    widget = Widget.objects.create(name="box")
+    api.post(f"/widgets/{widget.pk}/reboot", {}, format="json", HTTP_IDEMPOTENCY_KEY=key)
+    other = claim()
+    out = records("--path", f"/widgets/{widget.pk}/reboot")
+    assert f"  path:        /widgets/{widget.pk}/reboot" in out
+    assert key in out and other.scope.key not in out
+    assert out.endswith("1 record found.\n")
+    assert "  path:        -" in records("--key", other.scope.key)
+    ended = records("--path", f"/widgets/{widget.pk}/reboot", "--end-lease")
+    assert "Left alone 1: not applicable to their condition." in ended  # completed

@@ -116,6 +116,7 @@ class ItemCreateSql(APIView):
                     "take": True,
                     "test": True,
                     "async_commit": True,
+                    "request_path": request.path,
                 },
             )
             won, record_id, *_rest, sweep_after = cursor.fetchone()

@@ -68,9 +68,9 @@ class IdempotencyRecordAdmin(RecordActionsMixin, admin.ModelAdmin):  # type: ign
     record stays possible too.
     """
 
-    list_display = ("short_key", "principal_link", "endpoint", "condition", "created")
+    list_display = ("short_key", "principal_link", "endpoint_and_path", "condition", "created")
     list_filter = (ConditionFilter, "endpoint", ("created_at", admin.DateFieldListFilter))
-    search_fields = ("=key", "principal")
+    search_fields = ("=key", "principal", "=request_path")
     date_hierarchy = "created_at"
     ordering = ("-created_at",)
     show_full_result_count = False
@@ -78,6 +78,7 @@ class IdempotencyRecordAdmin(RecordActionsMixin, admin.ModelAdmin):  # type: ign
     fields = (
         "principal_link",
         "endpoint",
+        "path",
         "key",
         "condition",
         "fingerprint",
@@ -108,6 +109,22 @@ class IdempotencyRecordAdmin(RecordActionsMixin, admin.ModelAdmin):  # type: ign
         if len(obj.key) <= KEY_LIST_CHARS:
             return obj.key
         return f"{obj.key[: KEY_LIST_CHARS - 1]}…"
+
+    @admin.display(description=_("request path"), ordering="request_path")
+    def path(self, obj: IdempotencyRecord) -> str:
+        """The path the claiming request was sent to (the endpoint is its route).
+
+        Empty for a record claimed without a request (``inbox.once``), shown as the
+        admin's empty value.
+        """
+        return obj.request_path or self.get_empty_value_display()
+
+    @admin.display(description=_("endpoint and path"), ordering="endpoint")
+    def endpoint_and_path(self, obj: IdempotencyRecord) -> str:
+        """The endpoint (method and route) with the concrete path under it, when kept."""
+        if not obj.request_path:
+            return obj.endpoint
+        return format_html("{}<br><small>{}</small>", obj.endpoint, obj.request_path)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         """The records, each with whether its owner is known to be gone (PostgreSQL)."""

@@ -51,6 +51,7 @@ class Migration(migrations.Migration):
                 ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
                 ('principal', models.CharField(max_length=255, verbose_name='principal')),
                 ('endpoint', models.CharField(max_length=255, verbose_name='endpoint')),
+                ('request_path', models.CharField(blank=True, default='', max_length=255, null=True, verbose_name='request path')),
                 ('key', models.CharField(max_length=255, verbose_name='idempotency key')),
                 ('fingerprint', models.CharField(max_length=64, verbose_name='fingerprint')),
                 ('state', models.CharField(choices=[('claimed', 'claimed'), ('completed', 'completed')], default='claimed', max_length=16, verbose_name='state')),

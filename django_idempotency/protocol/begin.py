@@ -18,6 +18,7 @@ from django.core.exceptions import RequestDataTooBig, TooManyFieldsSent, TooMany
 from django.http import HttpRequest, UnreadablePostError
 from django.http.multipartparser import MultiPartParserError
 from django.http.request import RawPostDataException
+from django.utils.encoding import escape_uri_path
 
 from django_idempotency import store, transactions
 from django_idempotency.conf import conf
@@ -53,6 +54,17 @@ def fit(value: str) -> str:
         return value
     digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()
     return f"{value[: _COLUMN - 66]}~{digest}"
+
+
+def request_path(http: HttpRequest) -> str:
+    """The path ``http`` was sent to, as kept with its record for operators.
+
+    Percent-encoded (RFC 3986 section 2.1, Django's ``escape_uri_path``), so every
+    character can be stored and shown as sent, and cut to the 255-character column
+    (ending in ``...`` when cut). The query string and the body are never kept.
+    """
+    path = escape_uri_path(http.path)
+    return path if len(path) <= _COLUMN else f"{path[: _COLUMN - 3]}..."
 
 
 _CONVERTER = re.compile(r"<(?:\w+:)?(\w+)>")
@@ -218,4 +230,12 @@ def begin(
         return fp
     if may_run and transactions.outer_block(using):  # the claim could not commit on its own
         transactions.warn_outer(scope.endpoint, view_name, using)
-    return decide(scope, fp, options, using, may_run=may_run, view_name=view_name)
+    return decide(
+        scope,
+        fp,
+        options,
+        using,
+        may_run=may_run,
+        view_name=view_name,
+        request_path=request_path(http),
+    )

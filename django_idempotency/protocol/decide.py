@@ -39,6 +39,7 @@ def decide(
     *,
     may_run: bool,
     view_name: str = "",
+    request_path: str = "",
 ) -> Respond | Proceed | CannotRun:
     """Claim ``scope`` for a request with fingerprint ``fp``, or answer from the record.
 
@@ -50,6 +51,7 @@ def decide(
         may_run: ``False`` when the view cannot run for this request (DRF found no
             renderer for its ``Accept``): the record is only looked up, never claimed.
         view_name: dotted name of the view, for the :class:`Proceed`.
+        request_path: the concrete path, kept with a new record (``begin.request_path``).
 
     Returns:
         :class:`Proceed` with the claim; :class:`Respond` with a replay (or the 410 of
@@ -77,6 +79,7 @@ def decide(
                     lease=options.get_lease(),
                     retention=options.get_retention(),
                     using=using,
+                    request_path=request_path,
                 )
             else:
                 result = operators.peek(scope, fp, using=using)

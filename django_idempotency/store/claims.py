@@ -85,6 +85,7 @@ def claim(
     lease: float,
     retention: float,
     using: str | None = None,
+    request_path: str = "",
 ) -> Claim | Existing:
     """Try to claim ``scope`` for a request whose fingerprint is ``fingerprint``.
 
@@ -94,6 +95,9 @@ def claim(
         lease: seconds the claim holds off duplicates before it can be taken over.
         retention: seconds a completed response is kept and replayed.
         using: database alias; by default the router's choice for writes.
+        request_path: the concrete path the request was sent to, kept with a new
+            record for operators (at most 255 characters; see
+            ``protocol.begin.request_path``); not part of the scope or fingerprint.
 
     Returns:
         A :class:`Claim` when this request owns the key: a new record, a record past
@@ -109,20 +113,25 @@ def claim(
         # Inside a transaction we did not open (TestCase, ATOMIC_REQUESTS without the
         # exemption, manual transactions) the claim is not committed until that
         # transaction is.
-        won = _claim(scope, fingerprint, lease, retention, using)
+        won = _claim(scope, fingerprint, lease, retention, using, request_path)
         if isinstance(won, Claim):
             return dataclasses.replace(won, committed=False)
         return won
-    return _claim(scope, fingerprint, lease, retention, using)
+    return _claim(scope, fingerprint, lease, retention, using, request_path)
 
 
 def _claim(
-    scope: Scope, fingerprint: str, lease: float, retention: float, using: str
+    scope: Scope,
+    fingerprint: str,
+    lease: float,
+    retention: float,
+    using: str,
+    request_path: str,
 ) -> Claim | Existing:
     token = uuid.uuid4()
     existing: Existing | None = None
     for _round in range(_MAX_ROUNDS):
-        won, existing = _insert(using, scope, fingerprint, token, lease, retention)
+        won, existing = _insert(using, scope, fingerprint, token, lease, retention, request_path)
         if won is not None:
             return won
         if existing is None:  # released between the insert and the read: again
@@ -165,6 +174,7 @@ def _insert(
     token: uuid.UUID,
     lease: float,
     retention: float,
+    request_path: str,
 ) -> tuple[Claim | None, Existing | None]:
     connection = connections[using]
     if connection.vendor == "postgresql":
@@ -180,6 +190,7 @@ def _insert(
             # Its own transaction (not a caller's): its COMMIT need not wait for the
             # WAL flush, the view's later COMMIT flushes it (docs/benchmarks.md).
             async_commit=own_transaction(connection),
+            request_path=request_path,
         )
         # A day-partitioned table (docs/retention.md) has no unique index to conflict
         # with: a server-side function locks the scope, looks it up, then inserts.
@@ -246,6 +257,7 @@ def _insert(
             record = IdempotencyRecord.objects.using(using).create(
                 **scope_filter(scope),
                 fingerprint=fingerprint,
+                request_path=request_path,
                 owner_token=token,
                 lease_until=clock.to_db(now + dt.timedelta(seconds=lease), connection),
                 created_at=clock.to_db(now, connection),

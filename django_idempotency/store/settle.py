@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Iterator
@@ -35,11 +36,21 @@ from django_idempotency.store.sql import (
     FENCED_SQLSTATE,
     PG_EXTEND_SQL,
     PG_RELEASE_UNLOCK_SQL,
+    complete_bound_sql,
     complete_call_sql,
 )
 from django_idempotency.store.values import Claim, StoredResponse, encode_body
 
 logger = logging.getLogger("django_idempotency")
+
+#: Stored bodies from this many bytes on are sent to PostgreSQL as a binary parameter,
+#: bound on the server, instead of in the query's text: Django's default client-side
+#: binding escapes a body into hexadecimal text inside the query, which holds about
+#: 4.5 times the body in memory at once; bound, the body is sent as it is (about 1 time;
+#: docs/benchmarks.md, "Memory per request"). Such a completion cannot carry the
+#: transaction's ``COMMIT`` (one statement per message), which then costs its own
+#: round trip: nothing beside sending this much data.
+BOUND_BODY_BYTES = 64 * 1024
 
 
 def _fenced(claim: Claim) -> Any:
@@ -89,6 +100,43 @@ def commits_with_completion(connection: Any) -> bool:
     return bool(is_psycopg3)
 
 
+def _binds(connection: Any) -> bool:
+    """Whether a completion on ``connection`` can bind its body on the server (psycopg 3)."""
+    from django.db.backends.postgresql.psycopg_any import is_psycopg3
+
+    return bool(is_psycopg3)
+
+
+@functools.cache
+def _unprepared_cursor_class() -> type[Any]:
+    import psycopg
+
+    class UnpreparedCursor(psycopg.Cursor[Any]):
+        """Binds on the server, never prepares: no named statement a pooler could lose."""
+
+        def execute(self, query: Any, params: Any = None, **kwargs: Any) -> Any:
+            # psycopg prepares a query run often on one connection (prepare_threshold);
+            # behind PgBouncer in transaction pooling, the next server may not have it.
+            return super().execute(query, params, **{**kwargs, "prepare": False})
+
+    return UnpreparedCursor
+
+
+def _bound_cursor(connection: Any) -> Any:
+    """A cursor on ``connection`` that binds its parameters on the server (psycopg 3).
+
+    Never prepared (safe behind a transaction pooler). Wrapped as Django wraps its own
+    cursors: its execute wrappers (held savepoint releases, the write guard) and its
+    query log see the statement.
+    """
+    connection.ensure_connection()
+    with connection.wrap_database_errors:
+        raw = _unprepared_cursor_class()(connection.connection)
+    if connection.queries_logged:
+        return connection.make_debug_cursor(raw)
+    return connection.make_cursor(raw)
+
+
 def complete(claim: Claim, response: StoredResponse, *, commit: bool = False) -> bool:
     """Mark the claim completed with ``response``, fenced by the owner token.
 
@@ -104,10 +152,12 @@ def complete(claim: Claim, response: StoredResponse, *, commit: bool = False) ->
         commit: send the transaction's ``COMMIT`` in the same round trip (the caller
             checked :func:`commits_with_completion` and that the transaction is its
             outermost block, whose exit then finds nothing left to commit). A lost
-            lease aborts the transaction before the ``COMMIT`` runs.
+            lease aborts the transaction before the ``COMMIT`` runs. Not done for a
+            body of :data:`BOUND_BODY_BYTES` or more, which is bound on the server.
 
     Returns:
-        Whether the transaction was committed here.
+        Whether the transaction was committed here (the caller's block commits it
+        otherwise).
 
     Raises:
         LeaseLost: no row matched: the lease ran out and another request took the key
@@ -140,9 +190,17 @@ def complete(claim: Claim, response: StoredResponse, *, commit: bool = False) ->
         unlock = claim.present and presence.holds(claim)  # the lock goes in the statement
         if unlock:
             params.update(scope_filter(claim.scope))
+        bound = body is not None and len(body) >= BOUND_BODY_BYTES and _binds(connection)
+        if bound:
+            commit = False  # the caller's block commits: one statement per message
         try:
-            with _fenced_errors(claim), connection.cursor() as cursor:
-                cursor.execute(complete_call_sql(unlock=unlock, commit=commit), params)
+            with _fenced_errors(claim):
+                if bound:
+                    with _bound_cursor(connection) as cursor:
+                        cursor.execute(complete_bound_sql(unlock=unlock), params)
+                else:
+                    with connection.cursor() as cursor:
+                        cursor.execute(complete_call_sql(unlock=unlock, commit=commit), params)
         except LeaseLost as lost:
             if unlock and sqlstate_of(lost.__cause__) == FENCED_SQLSTATE:
                 presence.dropped(claim)  # the function released the lock, then raised

@@ -65,12 +65,13 @@ PG_CLAIM_SQL = f"""
 WITH claimed AS (
     INSERT INTO {_T} (
         principal, endpoint, key, fingerprint, state, owner_token, lease_until,
-        recovery_point, response_headers, created_at, expires_at, sweep_after, owner_pid
+        recovery_point, response_headers, created_at, expires_at, sweep_after, owner_pid,
+        request_path
     )
     VALUES (
         %(principal)s, %(endpoint)s, %(key)s, %(fingerprint)s, 'claimed', %(token)s,
         {_NOW} + %(lease)s * interval '1 second', {_ASYNC_COMMIT}, '[]'::jsonb, {_NOW},
-        {_WINDOW_END}, {_WINDOW_END}, {_TAKE}
+        {_WINDOW_END}, {_WINDOW_END}, {_TAKE}, %(request_path)s
     )
     ON CONFLICT (principal, endpoint, key) DO NOTHING
     RETURNING id, owner_pid
@@ -141,6 +142,25 @@ _COMPLETE_CALL = (
     "SELECT django_idempotency_complete(%(id)s, %(token)s, %(sweep_after)s, %(status)s, "
     "%(headers)s::jsonb, %(body)s, %(grace)s, %(clock_offset)s, {unlock})"
 )
+
+
+#: The completion for a large body (``settle.BOUND_BODY_BYTES``): every parameter typed,
+#: for a cursor that binds them on the server, the body as a binary parameter.
+_COMPLETE_BOUND_CALL = (
+    "SELECT django_idempotency_complete(%(id)s::bigint, %(token)s::uuid, "
+    "%(sweep_after)s::timestamptz, %(status)s::integer, %(headers)s::jsonb, %(body)b, "
+    "%(grace)s::float8, %(clock_offset)s::float8, {unlock})"
+)
+
+
+def complete_bound_sql(*, unlock: bool) -> str:
+    """The completion through the server-side function, its parameters bound server-side.
+
+    One statement (the extended protocol takes no second): the transaction's ``COMMIT``
+    is the caller's. ``unlock``: as in :func:`complete_call_sql`.
+    """
+    key = presence_key().replace("%(principal)s", "%(principal)s::text")
+    return _COMPLETE_BOUND_CALL.format(unlock=key if unlock else "NULL")
 
 
 def complete_call_sql(*, unlock: bool, commit: bool) -> str:
@@ -244,7 +264,7 @@ FROM django_idempotency_claim(
     %(principal)s::varchar, %(endpoint)s::varchar, %(key)s::varchar,
     %(fingerprint)s::varchar, %(token)s::uuid, %(lease)s::float8,
     %(retention)s::float8, %(clock_offset)s::float8, %(take)s::boolean,
-    %(test)s::boolean, %(async_commit)s::boolean)
+    %(test)s::boolean, %(async_commit)s::boolean, %(request_path)s::varchar)
 """
 
 

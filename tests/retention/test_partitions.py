@@ -74,6 +74,7 @@ def raw_claim(sc: store.Scope, fp: str, offset: float, *, lease: float = 30) -> 
         "take": False,  # no presence lock: these claims are read, never completed
         "test": True,
         "async_commit": True,
+        "request_path": "/jobs",
     }
     with connection.cursor() as cursor:
         cursor.execute(PG_PARTITIONED_CLAIM_SQL, params)

@@ -1,10 +1,10 @@
 """``manage.py idempotency_records``: look up records, end leases, forget responses.
 
 For operators without the admin (docs/operations.md). Records are found by principal,
-endpoint, key or key hash (the ``key_hash`` the log lines carry), and by condition;
-each is printed with its condition, its times to the second in UTC with relative
-text, and its stored response's status, content type and size (the body only with
-``--body``). ``--end-lease`` and ``--forget-response`` do what the admin's actions do,
+endpoint, request path, key or key hash (the ``key_hash`` the log lines carry), and by
+condition; each is printed with its path, its condition, its times to the second in UTC
+with relative text, and its stored response's status, content type and size (the body
+only with ``--body``). ``--end-lease`` and ``--forget-response`` do what the admin's actions do,
 with the same functions (``store.end_leases``, ``store.forget_responses``).
 """
 
@@ -41,12 +41,16 @@ class Command(BaseCommand):
         "records (the next retry takes each over); --forget-response deletes the "
         "matching completed records (the next request with each key runs the view "
         "again, a second time). Both act at once, as the admin's actions do once "
-        "confirmed, and need at least one of --principal, --endpoint, --key, --key-hash."
+        "confirmed, and need at least one of --principal, --endpoint, --path, --key, "
+        "--key-hash."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:  # noqa: D102
         parser.add_argument("--principal", help="Exactly this principal (auth.user:42).")
         parser.add_argument("--endpoint", help='Exactly this endpoint ("POST /v1/orders").')
+        parser.add_argument(
+            "--path", help="Exactly this request path (/v1/orders/42/cancel), as sent."
+        )
         parser.add_argument("--key", help="Exactly this Idempotency-Key.")
         parser.add_argument(
             "--key-hash",
@@ -85,11 +89,11 @@ class Command(BaseCommand):
             raise CommandError("--limit must be at least 1.")
         records = self._matching(using, options)
         acting = options["end_lease"] or options["forget_response"]
-        lookups = ("principal", "endpoint", "key", "key_hash")
+        lookups = ("principal", "endpoint", "path", "key", "key_hash")
         if acting and not any(options[name] for name in lookups):
             raise CommandError(
-                "--end-lease and --forget-response need --principal, --endpoint, --key "
-                "or --key-hash: they never act on every record."
+                "--end-lease and --forget-response need --principal, --endpoint, --path, "
+                "--key or --key-hash: they never act on every record."
             )
         found = list(records.order_by("-created_at")[: options["limit"]])
         now = clock.store_now(connections[using])
@@ -122,9 +126,14 @@ class Command(BaseCommand):
             CommandError: ``--key-hash`` is not 12 hexadecimal digits.
         """
         records = IdempotencyRecord.objects.using(using).all()
-        for name in ("principal", "endpoint", "key"):
+        for name, field in (
+            ("principal", "principal"),
+            ("endpoint", "endpoint"),
+            ("path", "request_path"),
+            ("key", "key"),
+        ):
             if options[name]:
-                records = records.filter(**{name: options[name]})
+                records = records.filter(**{field: options[name]})
         wanted = options["key_hash"]
         if wanted:
             wanted = wanted.strip().lower()
@@ -179,6 +188,7 @@ class Command(BaseCommand):
         lines = [
             f"#{record.pk} {record.principal} {record.endpoint} key {record.key!r} "
             f"(key_hash {key_hash(record.key)})",
+            f"  path:        {record.request_path or '-'}",
             f"  condition:   {condition}",
             f"  created:     {when(record.created_at)}",
             f"  lease until: {when(record.lease_until, lease_text)}",

@@ -115,7 +115,7 @@ CLAIM_FUNCTION = f"""
 CREATE OR REPLACE FUNCTION django_idempotency_claim(
     p_principal varchar, p_endpoint varchar, p_key varchar, p_fingerprint varchar,
     p_token uuid, p_lease float8, p_retention float8, p_clock_offset float8,
-    p_take boolean, p_test boolean, p_async_commit boolean
+    p_take boolean, p_test boolean, p_async_commit boolean, p_request_path varchar
 ) RETURNS TABLE (
     won boolean, id bigint, owner_token uuid, state varchar, fingerprint varchar,
     recovery_point varchar, lease_remaining float8, expired boolean,
@@ -204,11 +204,12 @@ BEGIN{_READ_COMMITTED_ONLY}
     PERFORM set_config('django_idempotency.claim_token', p_token::text, true);
     INSERT INTO {TABLE} AS r (
         principal, endpoint, key, fingerprint, state, owner_token, lease_until,
-        recovery_point, response_headers, created_at, expires_at, sweep_after, owner_pid)
+        recovery_point, response_headers, created_at, expires_at, sweep_after, owner_pid,
+        request_path)
     VALUES (
         p_principal, p_endpoint, p_key, p_fingerprint, 'claimed', p_token,
         v_now + p_lease * interval '1 second', '', '[]'::jsonb, v_now, v_expires, v_expires,
-        v_pid)
+        v_pid, p_request_path)
     RETURNING r.id INTO v_id;
     IF v_pid IS NOT NULL THEN
         PERFORM pg_advisory_lock(v_presence);  -- held already: no wait
@@ -313,7 +314,7 @@ COMPLETE_SIGNATURE = (
 DROP_PARTITION_FUNCTIONS = [
     "DROP FUNCTION IF EXISTS django_idempotency_claim("
     "varchar, varchar, varchar, varchar, uuid, float8, float8, float8, boolean, boolean, "
-    "boolean)",
+    "boolean, varchar)",
     "DROP FUNCTION IF EXISTS django_idempotency_ensure_partition(date)",
     "DROP FUNCTION IF EXISTS django_idempotency_record_scope_unique()",
 ]

@@ -12,6 +12,8 @@ urlpatterns = [
     path("widgets", views.create_widget),
     path("widgets/<int:pk>", views.delete_widget),
     path("widgets/<int:pk>/reboot", views.RebootView.as_view()),
+    path("labels/<str:name>", views.label),
+    path("large-body", views.large_body),
     path("optional", views.optional_key),
     path("outcome", views.outcome),
     path("waiting", views.waiting),

@@ -50,6 +50,32 @@ def create_widget(request):
 
 
 @api_view(["POST"])
+@idempotent
+def label(request, name: str):
+    """DRF function view on a route with a free-text segment: 201 with the name."""
+    return Response({"label": name}, status=status.HTTP_201_CREATED)
+
+
+#: A body large enough to be bound on the server (store.settle.BOUND_BODY_BYTES),
+#: every byte value in it.
+LARGE_BODY = bytes(range(256)) * 1024
+
+
+@csrf_exempt
+@idempotent
+def large_body(request: HttpRequest) -> HttpResponse:
+    """Plain Django view: a write inside a savepoint, then a 256 KiB binary body."""
+    from django.db import transaction
+
+    with transaction.atomic():
+        widget = Widget.objects.create(name="large")
+    _gate(request)
+    response = HttpResponse(LARGE_BODY, content_type="application/octet-stream", status=201)
+    response["Location"] = f"/widgets/{widget.pk}"
+    return response
+
+
+@api_view(["POST"])
 @idempotent(required=False, retention=7 * 86400)
 def optional_key(request):
     Widget.objects.create(name="optional")
