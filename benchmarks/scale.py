@@ -216,7 +216,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3, help="rounds; the median is kept")
     parser.add_argument("--runs", type=int, default=1, help="measurements of the one fill")
     parser.add_argument("--claims", type=int, default=200, help="claims per block")
-    parser.add_argument("--claim-blocks", type=int, default=10, help="blocks per database")
+    parser.add_argument("--claim-blocks", type=int, default=20, help="blocks per database")
     parser.add_argument(
         "--explain", type=int, default=0, help="then this many claims explained (scale_explain)"
     )
