@@ -33,7 +33,8 @@ logger = logging.getLogger("django_idempotency")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-#: Version tag of the payload fingerprint (never equal to a request's, which starts fp1).
+#: Version tag of the payload fingerprint (no request's fingerprint hashes it: theirs
+#: are ``fp1`` and ``fp2:``).
 _FINGERPRINT_TAG = b"inbox1\x00"
 #: What a stored result looks like in the record (its ``response_*`` columns).
 _RESULT_STATUS = 200

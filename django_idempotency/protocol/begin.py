@@ -35,6 +35,7 @@ from django_idempotency.protocol.decisions import (
     Respond,
     problem,
 )
+from django_idempotency.protocol.digests import Fingerprint
 from django_idempotency.protocol.keys import HEADER, parse_key
 from django_idempotency.protocol.options import Options
 
@@ -99,12 +100,12 @@ def endpoint_for(request: HttpRequest, options: Options, view_name: str) -> str:
     return fit(f"{(request.method or '').upper()} /{route}")
 
 
-def _fingerprint(request: Any, http: HttpRequest, options: Options) -> str | Respond:
+def _fingerprint(request: Any, http: HttpRequest, options: Options) -> Fingerprint | Respond:
     parsed = None
     if http is not request and getattr(http, "_read_started", False) and not hasattr(http, "_body"):
         parsed = request.data  # DRF consumed the stream before us
     try:
-        return fingerprint.compute(
+        return fingerprint.take(
             http,
             exclude=options.get_fingerprint_exclude(),
             headers=options.get_fingerprint_headers(),

@@ -20,6 +20,7 @@ from django_idempotency.conf import conf
 from django_idempotency.logging import key_hash
 from django_idempotency.protocol import problems
 from django_idempotency.protocol.decisions import CANNOT_RUN, CannotRun, Proceed, Respond, problem
+from django_idempotency.protocol.digests import Fingerprint, differing_parts
 from django_idempotency.protocol.keys import HEADER
 from django_idempotency.protocol.options import Options
 from django_idempotency.protocol.responses import REPLAYED_HEADER, HeaderPolicy, build
@@ -33,7 +34,7 @@ def key_name(options: Options) -> str:
 
 def decide(
     scope: store.Scope,
-    fp: str,
+    fp: Fingerprint,
     options: Options,
     using: str,
     *,
@@ -45,7 +46,8 @@ def decide(
 
     Args:
         scope: the record's identity (principal, endpoint, key).
-        fp: the request's fingerprint (``fingerprint.compute``).
+        fp: the request's fingerprint (``fingerprint.take``); a record of the earlier
+            fingerprint format is compared by that format.
         options: the view's options (lease, retention, wait, replay headers).
         using: the alias of the record's database.
         may_run: ``False`` when the view cannot run for this request (DRF found no
@@ -75,14 +77,14 @@ def decide(
             if may_run:
                 result: store.Claim | store.Existing | None = store.claim(
                     scope,
-                    fp,
+                    fp.value,
                     lease=options.get_lease(),
                     retention=options.get_retention(),
                     using=using,
                     request_path=request_path,
                 )
             else:
-                result = operators.peek(scope, fp, using=using)
+                result = operators.peek(scope, fp.value, using=using)
         except (DatabaseError, InterfaceError) as exc:
             signals.store_failed.send(scope.endpoint, error=exc, **signal_kwargs)
             return problem(
@@ -107,13 +109,9 @@ def decide(
                 store.abandon(result)  # nothing ran: the key is free for a retry at once
                 raise
             return Proceed(result, options, view_name)
-        if result.fingerprint != fp:
+        if not fp.matches(result.fingerprint):
             signals.mismatched.send(scope.endpoint, **signal_kwargs)
-            return problem(
-                problems.KEY_REUSED if options.key is None else problems.KEY_REUSED_EXTRACTED,
-                f"This {key_name(options)} was already used for a different request "
-                "(method, path, query or body differ). Use a new key for a new operation.",
-            )
+            return _reused(options, differing_parts(result.fingerprint, fp.value))
         if result.response is not None:
             signals.replayed.send(scope.endpoint, status=result.response.status, **signal_kwargs)
             policy = HeaderPolicy.current(options.get_replay_headers())
@@ -144,6 +142,50 @@ def decide(
             continue
         time.sleep(min(delay, remaining))  # bounded in-flight wait (opt-in per view)
         delay = min(delay * 2, 0.5)
+
+
+_WORDS = {
+    "method": "method",
+    "path": "path",
+    "query": "query string",
+    "headers": "fingerprinted headers",
+    "body": "body",
+}
+#: What a server can leave out of the fingerprint, by part (docs/configuration.md).
+_REMEDIES = {
+    "headers": "the headers that count are FINGERPRINT_HEADERS and the view's fingerprint_headers=",
+    "body": "body fields that change between attempts can be left out with "
+    "FINGERPRINT_EXCLUDE or the view's fingerprint_exclude=, per-render form fields "
+    "with FINGERPRINT_FORM_TOKENS",
+}
+
+
+def _reused(options: Options, parts: tuple[str, ...]) -> Respond:
+    """The 422 ``key-reused``, naming the differing ``parts`` (none: an earlier record).
+
+    Only part names: never the body, nor a value of the request or of the record.
+    """
+    kind = problems.KEY_REUSED if options.key is None else problems.KEY_REUSED_EXTRACTED
+    if not parts:
+        return problem(
+            kind,
+            f"This {key_name(options)} was already used for a different request "
+            "(method, path, query, headers or body differ). Use a new key for a new "
+            "operation.",
+        )
+    words = [_WORDS[part] for part in parts]
+    names = words[0] if len(words) == 1 else f"{', '.join(words[:-1])} and {words[-1]}"
+    verb = "differ" if len(parts) > 1 or parts == ("headers",) else "differs"
+    remedies = [_REMEDIES[part] for part in parts if part in _REMEDIES]
+    if any(part not in _REMEDIES for part in parts):
+        remedies.append("the method, path and query string always count")
+    return problem(
+        kind,
+        f"This {key_name(options)} was already used for a different request: its "
+        f"{names} {verb} from the first request's. Use a new key for a new operation; "
+        f"a retry must send the request as it was first sent ({'; '.join(remedies)}).",
+        extensions={"differs": list(parts)},
+    )
 
 
 def _in_flight() -> Respond:

@@ -1,19 +1,22 @@
-"""The request fingerprint: SHA-256 over what makes two requests "the same".
+"""The request fingerprint: what makes two requests "the same", by part.
 
 The rules, and why, are in docs/concepts.md ("Fingerprint") and docs/protocol.md
-("Numbers in JSON bodies").
+("Numbers in JSON bodies"). The inputs below make five parts (``method``, ``path``,
+``query``, ``headers``, ``body``: the body and its media type); each part is hashed
+once, its inputs framed by their length so no two can run together, and ``digests``
+seals the part digests into the stored value (``fp2:``, with a tag per part that names
+the parts in which two requests differ).
 
-Inputs, in order, each framed by its length so no two inputs can run together:
+Inputs, in order:
 
-1. a version tag (``fp1``), so a future change of scheme never matches an old hash;
-2. the method, upper case;
-3. the full path (``request.path``, including any script prefix);
-4. the query string, parsed and sorted by name (the values of a repeated name keep
+1. the method, upper case;
+2. the full path (``request.path``, including any script prefix);
+3. the query string, parsed and sorted by name (the values of a repeated name keep
    their order: Django and DRF take the last one), blanks kept; escapes are
    decoded byte for byte (Django decodes them with the request's charset, so two
    different byte strings must never look the same here);
-5. the configured headers (``FINGERPRINT_HEADERS``), lower-cased name and value;
-6. the body, by media type:
+4. the configured headers (``FINGERPRINT_HEADERS``), lower-cased name and value;
+5. the body, by media type:
 
    * JSON (``application/json``, ``*/*+json``): decoded with the declared charset
      (default ``DEFAULT_CHARSET``), parsed and re-serialised canonically
@@ -41,15 +44,17 @@ Inputs, in order, each framed by its length so no two inputs can run together:
    Django's ``csrfmiddlewaretoken``, masked afresh on every render) are left out of
    form bodies, like ``FINGERPRINT_EXCLUDE``'s fields.
 
-7. the body's media type (``type/subtype``, lower case, RFC 9110 §8.3.1; parameters
-   such as ``charset`` do not count, the JSON text is decoded with it already), unless
-   the body is empty or the type is the one its kind implies: ``application/json`` for
-   a JSON body, ``application/x-www-form-urlencoded`` for a form, none for raw bytes.
-   The same bytes under another type are another request (a view's parser may refuse
-   that type). Leaving the implied type out keeps the fingerprints of such requests
-   what they were before the media type counted, so the version tag stays ``fp1``:
-   each input is framed by its length, so a list with this input never hashes like
-   one without it.
+   and, in the body's part, its media type (``type/subtype``, lower case, RFC 9110
+   §8.3.1; parameters such as ``charset`` do not count, the JSON text is decoded with
+   it already), unless the body is empty or the type is the one its kind implies:
+   ``application/json`` for a JSON body, ``application/x-www-form-urlencoded`` for a
+   form, none for raw bytes. The same bytes under another type are another request (a
+   view's parser may refuse that type). Each input is framed by its length, so a body
+   part with this input never hashes like one without it.
+
+These are also the inputs, in this order after the tag ``fp1``, of the earlier format
+(one SHA-256 over all of them), so a record of that format is still compared exactly
+(``digests.Fingerprint.matches``).
 """
 
 from __future__ import annotations
@@ -68,8 +73,8 @@ from django.http.request import RawPostDataException
 from django.utils.datastructures import MultiValueDict
 
 from django_idempotency.protocol import exact_json
+from django_idempotency.protocol.digests import Fingerprint, seal
 
-VERSION = b"fp1"
 _FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
 #: The media type each kind of body implies: a body of that kind under it has no media
 #: type input (any other kind implies none: a raw body sent without ``Content-Type``).
@@ -286,7 +291,25 @@ def compute(
     parsed_body: Any = None,
     form_exclude: Iterable[str] = (),
 ) -> str:
-    """Return the hex SHA-256 fingerprint of ``request``.
+    """Return the stored form of ``request``'s fingerprint: :func:`take`'s ``value``."""
+    return take(
+        request,
+        exclude=exclude,
+        headers=headers,
+        parsed_body=parsed_body,
+        form_exclude=form_exclude,
+    ).value
+
+
+def take(
+    request: HttpRequest,
+    *,
+    exclude: Iterable[str] = (),
+    headers: Iterable[str] = (),
+    parsed_body: Any = None,
+    form_exclude: Iterable[str] = (),
+) -> Fingerprint:
+    """Return the fingerprint of ``request``, each of its parts hashed once.
 
     Args:
         request: the Django ``HttpRequest`` (for DRF, ``request._request``).
@@ -298,7 +321,8 @@ def compute(
             the raw stream was consumed before the fingerprint was taken.
 
     Returns:
-        64 lower-case hex characters.
+        The :class:`~django_idempotency.protocol.digests.Fingerprint`: its ``value``
+        is what the record stores (``digests.LENGTH`` ASCII characters, ``fp2:``).
 
     Raises:
         django.http.request.RawPostDataException: the body was consumed and no parsed
@@ -315,17 +339,15 @@ def compute(
     header_values = sorted((name.lower(), request.headers.get(name, "")) for name in headers)
     media_type = _media_type(request)
     body = _body_parts(request, parsed_body, exclude, form_exclude, media_type)
-    parts: list[bytes] = [
-        VERSION,
-        (request.method or "").upper().encode("ascii", "replace"),
-        request.path.encode("utf-8", "surrogateescape"),
-        json.dumps(query).encode("ascii"),
-        json.dumps(header_values).encode("ascii"),
-        *body,
-        *_media_type_parts(body, media_type),
-    ]
-    digest = hashlib.sha256()
-    for part in parts:
-        digest.update(len(part).to_bytes(8, "big"))
-        digest.update(part)
-    return digest.hexdigest()
+    return seal(
+        (
+            ((request.method or "").upper().encode("ascii", "replace"),),
+            (request.path.encode("utf-8", "surrogateescape"),),
+            (json.dumps(query).encode("ascii"),),
+            (json.dumps(header_values).encode("ascii"),),
+            (
+                *body,
+                *_media_type_parts(body, media_type),
+            ),
+        )
+    )

@@ -111,6 +111,8 @@ def test_the_same_key_with_another_body_is_a_422_problem(alice: Any):
     assert reused.status_code == 422
     assert reused["Content-Type"] == PROBLEM
     assert reused.json()["type"].endswith("key-reused")
+    assert reused.json()["differs"] == ["body"]
+    assert "FINGERPRINT_EXCLUDE" in reused.json()["detail"]
     assert Widget.objects.count() == 1
 
 

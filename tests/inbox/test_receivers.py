@@ -64,6 +64,8 @@ def test_the_same_event_id_with_another_payload_is_422():
     # The key came from the body, not from a header: the problem names no header.
     assert changed.json()["title"] == "Idempotency key reused with a different request"
     assert "Idempotency-Key" not in changed.json()["detail"]
+    assert changed.json()["differs"] == ["body"]
+    assert b"9999" not in changed.content
     assert Widget.objects.get().size == 1200
 
 

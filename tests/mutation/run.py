@@ -856,10 +856,18 @@ MUTANTS: list[Mutant] = [
     m(
         "PR1",
         "protocol/decide.py",
-        "        if result.fingerprint != fp:\n",
+        "        if not fp.matches(result.fingerprint):\n",
         "        if False:\n",
         tests=("tests/protocol/test_wire.py", "tests/protocol/test_decorators.py"),
         what="a key reused with another request is replayed instead of 422",
+    ),
+    m(
+        "PR1b",
+        "protocol/decide.py",
+        "            return _reused(options, differing_parts(result.fingerprint, fp.value))\n",
+        "            return _reused(options, ())\n",
+        tests=("tests/protocol/test_key_reused_parts.py",),
+        what="a key reused with another request: the 422 names no differing part",
     ),
     m(
         "PR2",

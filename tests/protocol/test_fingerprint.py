@@ -18,7 +18,8 @@ from django.views.decorators.http import require_POST
 
 from django_idempotency import idempotent
 from django_idempotency.models import IdempotencyRecord
-from django_idempotency.protocol.fingerprint import canonical_json, compute
+from django_idempotency.protocol.digests import LENGTH
+from django_idempotency.protocol.fingerprint import canonical_json, compute, take
 from tests.support.factories import UserFactory
 from tests.support.testapp.models import Widget
 
@@ -81,11 +82,11 @@ def test_invalid_json_is_hashed_as_raw_bytes():
 
 
 def test_non_utf8_body_does_not_raise():
-    assert len(fp_json(b'{"a": "\xff"}')) == 64
+    assert len(fp_json(b'{"a": "\xff"}')) == LENGTH
 
 
 def test_lone_surrogate_in_json_does_not_raise():
-    assert len(fp_json(b'{"a": "\\ud800"}')) == 64
+    assert len(fp_json(b'{"a": "\\ud800"}')) == LENGTH
 
 
 def test_multipart_boundary_does_not_matter():
@@ -125,9 +126,7 @@ def test_canonical_json_is_sorted_compact_and_keeps_unicode():
 def test_fingerprint_is_stable_across_releases():
     # Pinned: changing the scheme would make every stored record mismatch (422).
     assert fp_json({"cpu": 16}) == fp_json(b'{"cpu":16}')
-    assert fp_json({"cpu": 16}) == (
-        "56b3a4f865095a4e67c508f3759a393ddb6d0aa47624a97fe283bb23bb3d36fe"
-    )
+    assert fp_json({"cpu": 16}) == "fp2:DJ7zZ2Noeer9fmYqC_O24P8dBirwpHe-ojDu1s2i3rBAQaOBAQaOtfCMw"
 
 
 def test_form_bodies_of_every_method_are_fingerprinted():
@@ -228,18 +227,42 @@ def test_an_empty_body_has_no_media_type():
         assert typed(content_type, b"", "/w/1/cancel") == none, content_type
 
 
-def test_fingerprints_of_the_implied_media_types_are_those_of_earlier_releases():
+def test_fingerprints_of_the_implied_media_types_are_pinned():
     """Pinned: a JSON body as ``application/json``, a urlencoded form, an empty body and
-    a raw body without ``Content-Type`` keep the fingerprints records already hold."""
+    a raw body without ``Content-Type``, in the stored format; the path, query and
+    headers parts are the same in all of them, so their tags (after the 36 characters
+    of the prefix and the whole digest) are too."""
     assert typed("application/json", b'{"cpu":16}') == (
-        "56b3a4f865095a4e67c508f3759a393ddb6d0aa47624a97fe283bb23bb3d36fe"
+        "fp2:DJ7zZ2Noeer9fmYqC_O24P8dBirwpHe-ojDu1s2i3rBAQaOBAQaOtfCMw"
     )
     assert compute(rf.post("/w", data="a=1", content_type=URLENCODED)) == (
+        "fp2:aF_7aMrI32d4fnshT0QwKS9gwDMrVPIqojDu1s2i3rBAQaOBAQaOmA4st"
+    )
+    empty = "fp2:HSggeUNQboPB2W5hptX_1ZqePJJEmgooojDu1s2i3rBAQaOBAQaOnQHw0"
+    assert typed("", b"") == typed("application/json", b"") == empty
+    assert typed("", b"raw") == "fp2:mAmT9DAiYKRCS_svczn3vqx70L3KAMttojDu1s2i3rBAQaOBAQaOEL7_j"
+
+
+def test_the_earlier_formats_values_are_those_records_of_earlier_releases_hold():
+    """Pinned: the ``fp1`` value of each request above, which a record of that format
+    is compared with (``Fingerprint.matches``)."""
+
+    def legacy(content_type: str, body: bytes) -> str:
+        request = rf.generic("POST", "/w", data=body, content_type=content_type,
+                             CONTENT_TYPE=content_type)  # fmt: skip
+        fingerprint = take(request)
+        assert fingerprint.matches(fingerprint.legacy())
+        return fingerprint.legacy()
+
+    assert legacy("application/json", b'{"cpu":16}') == (
+        "56b3a4f865095a4e67c508f3759a393ddb6d0aa47624a97fe283bb23bb3d36fe"
+    )
+    assert legacy(URLENCODED, b"a=1") == (
         "3048998207efbf8fa193ae969b18fae0ccebc01a3fc2e7d85ed87465a1c02608"
     )
     empty = "21e88050a72c33c2c8883729413174b01593d7f7b814507100496dc8db7fabf5"
-    assert typed("", b"") == typed("application/json", b"") == empty
-    assert typed("", b"raw") == "7eb3371b75dcec034b663e25dd2c351a214d0941284ced6ecf1f041b5b7f3cd3"
+    assert legacy("", b"") == legacy("application/json", b"") == empty
+    assert legacy("", b"raw") == "7eb3371b75dcec034b663e25dd2c351a214d0941284ced6ecf1f041b5b7f3cd3"
 
 
 @pytest.mark.django_db
