@@ -20,6 +20,8 @@ REQUIRED = (
     "django_idempotency/migrations/0001_initial.py",
     "django_idempotency/management/commands/idempotency_relay.py",
     "django_idempotency/management/commands/idempotency_sweep.py",
+    "django_idempotency/templates/django_idempotency/browsable_api.html",
+    "django_idempotency/static/django_idempotency/browsable_api.js",
 )
 #: At least one admin template (the app's own change-list and confirmation pages).
 TEMPLATES = "django_idempotency/templates/"

@@ -156,12 +156,17 @@ def _no_principal(request: Any, options: Options) -> Respond:
 
 
 def _key(request: Any, http: HttpRequest, options: Options) -> str | Respond | Bypass:
-    """The request's idempotency key: the header, or the view's ``key=`` extractor."""
+    """The request's idempotency key: the header, or the view's ``key=`` extractor.
+
+    Without the header, the field of a DRF browsable API form (``keys.form_key``).
+    """
     extractor = options.get_key_extractor()
     max_length = min(conf.max_key_length, _COLUMN)
     try:
         if extractor is None:
             key = parse_key(http.headers.get(HEADER), max_length=max_length)
+            if key is None:  # the browsable API's HTML form carries it in a field
+                key = keys.form_key(request, http, max_length=max_length)
         else:
             key = keys.extract(extractor, request, max_length=max_length)
     except InvalidKey as exc:

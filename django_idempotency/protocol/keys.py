@@ -31,6 +31,39 @@ KeyExtractor = Callable[[Any], "str | None"]
 
 HEADER = "Idempotency-Key"
 
+#: The attribute of a DRF renderer whose rendered forms carry the key in a form field:
+#: its value names the field (``contrib.browsable.IdempotentBrowsableAPIRenderer``).
+FORM_KEY_ATTRIBUTE = "idempotency_key_field"
+_FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
+
+
+def form_key(request: Any, http: Any, *, max_length: int) -> str | None:
+    """The key a form of DRF's browsable API carries, for a request without the header.
+
+    Read only from a form POST that negotiated a renderer with
+    :data:`FORM_KEY_ATTRIBUTE` (``request.accepted_renderer``: the request asked for
+    the browsable page, whose forms hold that field). An API client that asks for
+    another media type is never read for the field, and a request without it has no
+    key (400 ``missing-key`` where a key is required).
+
+    Args:
+        request: the DRF ``Request`` (or a Django ``HttpRequest``, which has no renderer).
+        http: the Django ``HttpRequest``.
+        max_length: longest accepted key, in characters.
+
+    Returns:
+        The key (as :func:`parse_key` returns it), or ``None``.
+
+    Raises:
+        InvalidKey: the field holds no valid key (see :func:`parse_key`).
+    """
+    field = getattr(getattr(request, "accepted_renderer", None), FORM_KEY_ATTRIBUTE, None)
+    if not isinstance(field, str) or not field or http.method != "POST":
+        return None
+    if (http.content_type or "").lower() not in _FORM_TYPES:
+        return None
+    return parse_key(http.POST.get(field), max_length=max_length)
+
 
 def _check_chars(value: str) -> None:
     for index, char in enumerate(value):
