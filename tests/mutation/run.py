@@ -1697,7 +1697,7 @@ MUTANTS: list[Mutant] = [
     m(
         "W10",
         "protocol/fingerprint.py",
-        "        *_media_type_parts(body, media_type),\n",
+        "                *_media_type_parts(body, media_type),\n",
         "",
         tests=(
             f"{FINGERPRINT}::test_a_key_replays_only_to_the_media_type_it_was_first_used_with",

@@ -171,6 +171,7 @@ def test_a_killed_owner_is_taken_over_at_once(record_table, owners):
 @pg_only
 def test_the_presence_takeover_is_signalled_and_counted_apart(record_table, owners):
     from django_idempotency.protocol.decide import decide as protocol_claim
+    from django_idempotency.protocol.digests import Fingerprint
     from django_idempotency.protocol.options import Options
 
     scope = _scope()
@@ -182,7 +183,9 @@ def test_the_presence_takeover_is_signalled_and_counted_apart(record_table, owne
     sink = metrics.InMemoryMetrics()
     metrics.connect(sink)
     try:
-        decision = protocol_claim(scope, FP, Options(lease=300), "default", may_run=True)
+        decision = protocol_claim(
+            scope, Fingerprint(FP, ()), Options(lease=300), "default", may_run=True
+        )
     finally:
         signals.claimed.disconnect(receiver)
         metrics.disconnect(sink)
@@ -553,6 +556,7 @@ def test_a_presence_takeover_is_logged_as_one(record_table, owners, caplog):
     ``presence``: the earlier owner's database session ended while its lease was live),
     never that a lease expired: none had."""
     from django_idempotency.protocol.decide import decide as protocol_claim
+    from django_idempotency.protocol.digests import Fingerprint
     from django_idempotency.protocol.options import Options
 
     if not _direct():
@@ -562,7 +566,9 @@ def test_a_presence_takeover_is_logged_as_one(record_table, owners, caplog):
     owner = Owner(scope, lease=300)
     owners.append(owner)
     owner.kill()
-    decision = protocol_claim(scope, FP, Options(lease=300), "default", may_run=True)
+    decision = protocol_claim(
+        scope, Fingerprint(FP, ()), Options(lease=300), "default", may_run=True
+    )
     (line,) = [r for r in caplog.records if getattr(r, "event", "") == "taken_over"]
     assert line.cause == "presence" and line.levelno == logging.WARNING
     assert "database session ended while its lease was live" in line.getMessage()
