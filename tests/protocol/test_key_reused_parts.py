@@ -78,6 +78,7 @@ def test_a_record_of_the_earlier_format_is_compared_by_that_format():
     other = take(request(path="/w?page=2"))
     assert not other.matches(legacy) and not other.matches(same.value)
     assert differing_parts(legacy, other.value) == ()  # it holds no parts
+    assert differing_parts("fp2:" + "A" * (LENGTH - 5), other.value) == ()  # not one
 
 
 def test_the_fingerprint_is_ascii_that_the_records_column_holds():
