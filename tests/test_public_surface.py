@@ -112,6 +112,7 @@ NAMES: dict[str, tuple[str, ...]] = {
         "add_periodic_tasks",
         "remove_periodic_tasks",
     ),
+    "django_idempotency.contrib.browsable": ("IdempotentBrowsableAPIRenderer", "KEY_FIELD"),
     "django_idempotency.testing": (
         "IdempotencyTestMixin",
         "fence_stale_owner",
@@ -183,6 +184,7 @@ DOTTED_PATHS = (
     "django_idempotency.principals.auth_token_principal",
     "django_idempotency.ReplayNegotiation",
     "django_idempotency.contrib.openapi.IdempotentAutoSchema",
+    "django_idempotency.contrib.browsable.IdempotentBrowsableAPIRenderer",
     "django_idempotency.tasks.relay_outbox",
     "django_idempotency.tasks.sweep",
 )
@@ -192,6 +194,7 @@ TEMPLATES = frozenset(
         "admin/django_idempotency/confirm_action.html",
         "admin/django_idempotency/end_leases.html",
         "admin/django_idempotency/forget_responses.html",
+        "django_idempotency/browsable_api.html",
     }
 )
 
@@ -317,7 +320,8 @@ def test_the_table_names_are_pinned() -> None:
 
 
 def test_the_admin_templates_are_pinned() -> None:
-    """Projects override the admin's templates by these paths."""
+    """Projects override the admin's templates (and the browsable API page's) by these
+    paths."""
     root = PACKAGE / "templates"
 
     assert {p.relative_to(root).as_posix() for p in root.rglob("*.html")} == TEMPLATES
