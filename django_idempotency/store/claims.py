@@ -91,7 +91,7 @@ def claim(
 
     Args:
         scope: the record's identity.
-        fingerprint: 64 hex characters from ``fingerprint.compute``.
+        fingerprint: the stored form from ``fingerprint.compute`` (at most 64 characters).
         lease: seconds the claim holds off duplicates before it can be taken over.
         retention: seconds a completed response is kept and replayed.
         using: database alias; by default the router's choice for writes.
