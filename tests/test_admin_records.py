@@ -73,7 +73,11 @@ def test_the_list_tells_in_flight_abandoned_and_completed_apart(staff_client, ap
     assert listed(staff_client, keys, condition="in-flight") == {live.scope.key}
     assert listed(staff_client, keys, condition="abandoned") == {failed.scope.key}
     assert listed(staff_client, keys, condition="completed") == {done_key}
-    assert re.search(r"in flight, lease ends in (29|30) s", row_text(staff_client, live.scope.key))
+    # Real time passes between the claim and each page (seconds on a loaded machine);
+    # the arithmetic itself is test_relative_text_at_fixed_times's.
+    assert re.search(
+        r"in flight, lease ends in (1\d|2\d|30) s", row_text(staff_client, live.scope.key)
+    )
     failed_row = row_text(staff_client, failed.scope.key)
     assert "abandoned, lease ended now, after phase charged" in failed_row
     assert re.search(r"completed 201, now", row_text(staff_client, done_key))
@@ -85,7 +89,7 @@ def test_the_list_tells_in_flight_abandoned_and_completed_apart(staff_client, ap
             failed.scope.key,
         }
         row = row_text(staff_client, live.scope.key)
-        assert re.search(r"abandoned, lease ended (44|45) s ago", row)
+        assert re.search(r"abandoned, lease ended (4[4-9]|5\d) s ago", row)
         assert re.search(r"completed 201, 1 min ago", row_text(staff_client, done_key))
 
 
