@@ -32,6 +32,10 @@ $(STAMP): pyproject.toml
 	@# Django's version): elsewhere its tests are skipped, with the reason.
 	@$(BIN)/python -m pip install --quiet -e ".[beat]" "Django==$$($(BIN)/python -c 'import django; print(django.__version__)')" >/dev/null 2>&1 \
 		|| echo "django-celery-beat does not support this Django: tests/contrib/test_celery_beat.py is skipped"
+	@# django-tenants likewise (it needs Django 5.2 or later): elsewhere the tenant suite
+	@# (tests/integration/test_tenants.py) is skipped, with the reason.
+	@$(BIN)/python -m pip install --quiet -e ".[tenants]" "Django==$$($(BIN)/python -c 'import django; print(django.__version__)')" >/dev/null 2>&1 \
+		|| echo "django-tenants does not support this Django: tests/integration/test_tenants.py is skipped"
 	touch $(STAMP)
 
 install: $(STAMP)

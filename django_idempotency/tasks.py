@@ -16,7 +16,8 @@ a run finds the database back (``INFO``), not a traceback every few seconds. The
 not retry themselves: the beat already does, and a task retrying beside it would run
 twice as often during an outage. Celery's soft time limit stops the relay task like
 any other stop (``relay.Relay``): the delivered messages are marked, the rest handed
-back.
+back. On a schema-per-tenant database (django-tenants) one run of either task covers
+every schema that holds the record table, one after the other (docs/tenants.md).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from django_idempotency.management import jobs
 from django_idempotency.outbox import relay
 from django_idempotency.outbox.enqueue import RELAY_TASK
 from django_idempotency.retention.sweeper import SWEEP_TASK
+from django_idempotency.store import tenants
 from django_idempotency.store.routing import all_databases
 
 _then = "the next run retries"
@@ -48,8 +50,9 @@ def relay_outbox(
     Args:
         batch_size: messages claimed per batch (default: ``OUTBOX_BATCH_SIZE``).
         using: one database alias; ``None``: every alias of the ``DATABASES`` setting
-            (default: the router's), one after the other.
-        max_batches: batches per database at most.
+            (default: the router's), one after the other; each tenant schema of a
+            django-tenants database in turn.
+        max_batches: batches per database (per tenant schema) at most.
         threads: handlers run at the same time (default: ``OUTBOX_RELAY_THREADS``).
 
     Returns:
@@ -66,13 +69,15 @@ def relay_outbox(
     for alias in aliases:
         outage = jobs.for_job("outbox relay task", alias, logger, then=_then)
         try:
-            total += relay.deliver_due(
-                batch_size=batch_size,
-                using=alias,
-                max_batches=max_batches,
-                threads=threads,
-                stop_on=(SoftTimeLimitExceeded,),
-            )
+            for _alias, schema in tenants.targets((alias,)):
+                total += relay.deliver_due(
+                    batch_size=batch_size,
+                    using=alias,
+                    max_batches=max_batches,
+                    threads=threads,
+                    stop_on=(SoftTimeLimitExceeded,),
+                    schema=schema,
+                )
         except jobs.UNAVAILABLE as exc:
             outage.failed(exc)
             continue
@@ -86,12 +91,14 @@ def sweep(using: str | None = None, dry_run: bool = False) -> dict[str, object]:
 
     Args:
         using: one database alias; ``None``: every alias of the ``DATABASES`` setting
-            (default: the router's), one after the other.
+            (default: the router's), one after the other; each tenant schema of a
+            django-tenants database in turn.
         dry_run: change nothing; report what would be done.
 
     Returns:
         The sweep report as a JSON-serialisable dict (``SweepReport.as_dict``); with
-        several databases, ``{"databases": [report, ...]}``, one per alias. A database
+        several databases or tenant schemas, ``{"databases": [report, ...]}``, one per
+        alias and schema (each report names its ``schema``). A database
         that is unavailable has ``{"database": alias, "error": "..."}`` instead of its
         report, and the outage is logged (once per outage).
     """
@@ -101,7 +108,8 @@ def sweep(using: str | None = None, dry_run: bool = False) -> dict[str, object]:
     for alias in aliases:
         outage = jobs.for_job("idempotency sweep task", alias, logger, then=_then)
         try:
-            reports.append(retention.sweep(alias, dry_run=dry_run).as_dict())
+            swept = retention.sweep_all(alias, dry_run=dry_run)
+            reports.extend(report.as_dict() for report in swept)
         except jobs.UNAVAILABLE as exc:
             outage.failed(exc)
             reports.append({"database": alias, "error": f"{type(exc).__name__}: {exc}"})

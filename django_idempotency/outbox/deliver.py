@@ -22,6 +22,7 @@ from django_idempotency.models import OutboxMessage
 from django_idempotency.outbox import handlers
 from django_idempotency.outbox.claim import Claimed, hand_back, hand_back_quietly
 from django_idempotency.outbox.failures import fail
+from django_idempotency.store.tenants import enter_schema
 
 logger = logging.getLogger("django_idempotency.outbox")
 
@@ -137,10 +138,16 @@ def _record(relay: Relay, outcomes: list[tuple[Claimed, BaseException | None]]) 
 
 
 class Pool:
-    """``size`` threads running handlers; each closes its own connections at the end."""
+    """``size`` threads running handlers; each closes its own connections at the end.
 
-    def __init__(self, size: int) -> None:
+    With ``schema`` (a tenant schema, django-tenants), each thread's connection to
+    ``using`` runs in it, as the relay's does.
+    """
+
+    def __init__(self, size: int, using: str = "default", schema: str | None = None) -> None:
         self.size = size
+        self._using = using
+        self._schema = schema
         self._inbox: queue.SimpleQueue[Claimed | None] = queue.SimpleQueue()
         # None: a wake-up call (Relay.stop), not an outcome.
         self._outbox: queue.SimpleQueue[tuple[Claimed, BaseException | None] | None] = (
@@ -210,6 +217,7 @@ class Pool:
 
     def _work(self) -> None:
         try:
+            enter_schema(self._using, self._schema)
             while (item := self._inbox.get()) is not None:
                 error: BaseException | None
                 try:

@@ -33,6 +33,7 @@ from django.db import connections
 
 from django_idempotency.models import OutboxMessage, OutboxState
 from django_idempotency.store import clock
+from django_idempotency.store.tenants import enter_schema
 
 logger = logging.getLogger("django_idempotency.outbox")
 
@@ -132,10 +133,20 @@ class Marks:
         max_age: seconds a mark may wait in its group before the group is written;
             ``0`` writes each mark before the next handler starts.
         on_sent: called with each claimed message once its mark is committed.
+        schema: the tenant schema (django-tenants) the watchdog's connection runs in,
+            the relay's; ``None``: the connection's own.
     """
 
-    def __init__(self, using: str, max_age: float, on_sent: Callable[[Any], None]) -> None:
+    def __init__(
+        self,
+        using: str,
+        max_age: float,
+        on_sent: Callable[[Any], None],
+        *,
+        schema: str | None = None,
+    ) -> None:
         self.using = using
+        self.schema = schema
         self.max_age = max_age
         self._on_sent = on_sent
         self._cond = threading.Condition()
@@ -265,6 +276,7 @@ class Marks:
         """
         failures = 0
         try:
+            enter_schema(self.using, self.schema)
             while True:
                 with self._cond:
                     if self._stopped:

@@ -35,6 +35,7 @@ from django_idempotency.outbox.claim import Claimed, claim_due
 from django_idempotency.outbox.deliver import Pool, deliver_inline, deliver_pooled
 from django_idempotency.outbox.marks import Marks
 from django_idempotency.store.routing import outbox_database
+from django_idempotency.store.tenants import use_schema
 
 logger = logging.getLogger("django_idempotency.outbox")
 
@@ -102,6 +103,10 @@ class Relay:
         using: database alias (default: the router's choice for ``OutboxMessage``).
         lease: seconds the claimed messages are held (default ``OUTBOX_RELAY_LEASE``).
         threads: handlers run at the same time (default ``OUTBOX_RELAY_THREADS``).
+        schema: on a schema-per-tenant database (django-tenants), the schema whose
+            outbox this relay delivers (``store.tenants.schemas`` lists them): its
+            batches, its handlers' threads and its marks' writer run in it
+            (docs/tenants.md). ``None``: the connection's own schema.
         stop_on: exception types that stop the batch when a handler raises one (a
             time limit raised inside the handler, such as Celery's
             ``SoftTimeLimitExceeded``): the attempt is recorded as failed (retried
@@ -120,15 +125,17 @@ class Relay:
         lease: float | None = None,
         threads: int | None = None,
         stop_on: tuple[type[BaseException], ...] = (),
+        schema: str | None = None,
     ) -> None:
         handlers.autodiscover()
         self.using = using or outbox_database()
+        self.schema = schema
         self.lease = lease
         self.threads = threads
         if threads is not None and int(threads) < 1:
             raise ValueError(f"threads must be at least 1, not {threads}")
         self.stop_on = tuple(stop_on)
-        self._marks = Marks(self.using, conf.outbox_mark_delay, _report_sent)
+        self._marks = Marks(self.using, conf.outbox_mark_delay, _report_sent, schema=schema)
         self._pool: Pool | None = None
         self._stopping = False
         #: Messages this relay handled so far (sent, retried or dead-lettered), those
@@ -180,12 +187,13 @@ class Relay:
                 leased: a later :meth:`close` or batch of this relay writes their marks
                 while their lease holds, else they are delivered again after it.
         """
-        try:
-            if self._pool is not None:
-                pool, self._pool = self._pool, None
-                pool.close()
-        finally:
-            self._marks.close()
+        with use_schema(self.using, self.schema):
+            try:
+                if self._pool is not None:
+                    pool, self._pool = self._pool, None
+                    pool.close()
+            finally:
+                self._marks.close()
 
     def deliver_batch(self, batch_size: int | None = None) -> int:
         """One batch, as :func:`deliver_batch`; its marks may still be written after.
@@ -197,7 +205,8 @@ class Relay:
             ValueError: ``batch_size`` below 1.
             django.db.DatabaseError: the database failed.
         """
-        return self._batch(batch_size, hand_off=True)
+        with use_schema(self.using, self.schema):
+            return self._batch(batch_size, hand_off=True)
 
     def _batch(self, batch_size: int | None, *, hand_off: bool) -> int:
         using = self.using
@@ -229,7 +238,7 @@ class Relay:
                     self._pool.close()
                     self._pool = None
                 if self._pool is None:  # kept for the next batches: threads, connections
-                    self._pool = Pool(workers)
+                    self._pool = Pool(workers, using, self.schema)
                 handled = deliver_pooled(self, claimed, started, lease, self._pool)
         except BaseException:
             # What was delivered is in the marks (the pool's running handlers have
@@ -258,6 +267,7 @@ def deliver_due(
     max_batches: int = 10,
     threads: int | None = None,
     stop_on: tuple[type[BaseException], ...] = (),
+    schema: str | None = None,
 ) -> int:
     """Run :func:`deliver_batch` until a batch comes back short, at most ``max_batches``.
 
@@ -267,6 +277,7 @@ def deliver_due(
         max_batches: batches at most.
         threads: handlers run at the same time (default ``OUTBOX_RELAY_THREADS``).
         stop_on: exception types of handlers that stop the run (:class:`Relay`).
+        schema: the tenant schema whose outbox to deliver (:class:`Relay`).
 
     Returns:
         Messages handled in all batches.
@@ -277,7 +288,7 @@ def deliver_due(
     """
     limit = conf.outbox_batch_size if batch_size is None else int(batch_size)
     total = 0
-    with Relay(using, threads=threads, stop_on=stop_on) as relay:
+    with Relay(using, threads=threads, stop_on=stop_on, schema=schema) as relay:
         for _ in range(max_batches):
             handled = relay.deliver_batch(limit)
             total += handled

@@ -48,8 +48,9 @@ from django_idempotency.store import clock
 from django_idempotency.store.catalog import is_partitioned
 from django_idempotency.store.clock import store_now
 from django_idempotency.store.routing import record_database
-from django_idempotency.store.schema.functions import SWEEP_LOCK
+from django_idempotency.store.schema.functions import SCHEMA_SWEEP_LOCK, SWEEP_LOCK
 from django_idempotency.store.schema.tables import days_ahead
+from django_idempotency.store.tenants import label, targets, use_schema
 
 logger = logging.getLogger("django_idempotency")
 
@@ -81,6 +82,7 @@ class SweepReport:
         deleted_outbox: sent outbox messages deleted (or to delete).
         errors: partitions that could not be dropped this time, with the reason.
         seconds: wall time of the sweep.
+        schema: the tenant schema swept (django-tenants); ``None``: the connection's own.
     """
 
     database: str
@@ -96,6 +98,7 @@ class SweepReport:
     deleted_outbox: int = 0
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    schema: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         """A JSON-serialisable form (dates and datetimes as ISO 8601 strings)."""
@@ -113,12 +116,16 @@ def start_of_day(moment: dt.datetime) -> dt.datetime:
     return moment.astimezone(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
 
 
-def sweep(using: str | None = None, *, dry_run: bool = False) -> SweepReport:
+def sweep(
+    using: str | None = None, *, dry_run: bool = False, schema: str | None = None
+) -> SweepReport:
     """Drop or delete records past their own window and lease; sweep sent outbox messages.
 
     Args:
         using: database alias; by default the router's choice for records.
         dry_run: change nothing; report what would be created, dropped or deleted.
+        schema: on a schema-per-tenant database (django-tenants), the schema to sweep
+            (``store.tenants.schemas`` lists them); ``None``: the connection's own.
 
     Returns:
         A :class:`SweepReport`. A partition whose drop timed out waiting for its lock
@@ -128,17 +135,37 @@ def sweep(using: str | None = None, *, dry_run: bool = False) -> SweepReport:
     Raises:
         django.db.DatabaseError: the database failed (anything but a lock timeout).
     """
-    started = time.monotonic()
     using = using or record_database()
+    with use_schema(using, schema):
+        return _sweep(using, dry_run, schema)
+
+
+def sweep_all(using: str | None = None, *, dry_run: bool = False) -> list[SweepReport]:
+    """:func:`sweep` of every schema of ``using`` that holds records, one after the other.
+
+    One report on a database without tenant schemas; on a schema-per-tenant database
+    (django-tenants), one per schema that holds the record table, by schema name
+    (docs/tenants.md).
+
+    Raises:
+        django.db.DatabaseError: the database failed; the schemas after it are not swept.
+    """
+    using = using or record_database()
+    return [sweep(alias, dry_run=dry_run, schema=name) for alias, name in targets((using,))]
+
+
+def _sweep(using: str, dry_run: bool, schema: str | None) -> SweepReport:
+    started = time.monotonic()
     connection = connections[using]
+    where = label(using, schema)
     now = store_now(connection)
     method = "partitions" if is_partitioned(connection) else "delete"
     cutoff = start_of_day(now) if method == "partitions" else now
-    report = SweepReport(using, method, dry_run, now, cutoff)
-    with _exclusive(connection, dry_run) as acquired:
+    report = SweepReport(using, method, dry_run, now, cutoff, schema=schema)
+    with _exclusive(connection, dry_run, schema) as acquired:
         if not acquired:
             report.skipped = True
-            logger.info("idempotency sweep skipped: another sweeper is running on %s", using)
+            logger.info("idempotency sweep skipped: another sweeper is running on %s", where)
         else:
             if method == "partitions":
                 _sweep_partitions(connection, report)
@@ -156,7 +183,7 @@ def sweep(using: str | None = None, *, dry_run: bool = False) -> SweepReport:
         logger.info(
             "idempotency sweep on %s%s: %d partitions created, %d dropped, %d records "
             "and %d outbox messages deleted",
-            using,
+            where,
             " (dry run)" if dry_run else "",
             len(report.created),
             len(report.dropped),
@@ -167,8 +194,10 @@ def sweep(using: str | None = None, *, dry_run: bool = False) -> SweepReport:
 
 
 @contextmanager
-def _exclusive(connection: BaseDatabaseWrapper, dry_run: bool) -> Iterator[bool]:
-    """One sweeper at a time per PostgreSQL database.
+def _exclusive(
+    connection: BaseDatabaseWrapper, dry_run: bool, schema: str | None
+) -> Iterator[bool]:
+    """One sweeper at a time per PostgreSQL database, or per tenant schema.
 
     The lock is transaction-scoped (``pg_try_advisory_xact_lock``) and held by a
     transaction of its own, on a second connection, for the whole sweep: the sweep's
@@ -177,7 +206,9 @@ def _exclusive(connection: BaseDatabaseWrapper, dry_run: bool) -> Iterator[bool]
     a transaction pooler (PgBouncer), so the lock is taken and released (by the
     transaction's end) on the same session, never leaked to another client's; a
     sweeper that dies drops its connection, which ends the transaction and the lock.
-    That transaction takes no table lock: the detaches never wait for it.
+    That transaction takes no table lock: the detaches never wait for it. A tenant
+    schema's sweep takes a lock of its own schema (``SCHEMA_SWEEP_LOCK``, the name's
+    hash), so sweeps of two schemas never skip each other.
     """
     if dry_run or connection.vendor != "postgresql":
         yield True
@@ -186,7 +217,13 @@ def _exclusive(connection: BaseDatabaseWrapper, dry_run: bool) -> Iterator[bool]
     try:
         holder.set_autocommit(False)
         with holder.cursor() as cursor:
-            cursor.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", list(SWEEP_LOCK))
+            if schema is None:
+                cursor.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", list(SWEEP_LOCK))
+            else:
+                cursor.execute(
+                    "SELECT pg_try_advisory_xact_lock(%s, hashtext(%s))",
+                    [SCHEMA_SWEEP_LOCK, schema],
+                )
             (acquired,) = cursor.fetchone()
         yield bool(acquired)
     finally:

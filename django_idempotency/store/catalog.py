@@ -1,8 +1,11 @@
 """What the hot path needs to know of a PostgreSQL database, asked once per process.
 
-One catalog query per database (alias and name) tells whether the record table is
-partitioned and which port the server listens on; the answer is cached, so a claim
-pays nothing for it even with ``CONN_MAX_AGE = 0``. Migrations that change the table,
+One catalog query per database (alias and name) and schema tells whether the record
+table is partitioned and which port the server listens on; the answer is cached, so a
+claim pays nothing for it even with ``CONN_MAX_AGE = 0``. The schema is the one a
+schema-per-tenant connection (django-tenants) runs in now, ``connection.schema_name``:
+each tenant's schema has its own record table, which may be of another kind than the
+next tenant's (docs/tenants.md). Migrations that change the table,
 and any failing claim statement, call :func:`forget`, so a process that outlives a
 migration reads it again.
 """
@@ -23,15 +26,20 @@ class _Facts(NamedTuple):
     port: int | None
 
 
-_kinds: dict[tuple[str, str], _Facts] = {}
+_kinds: dict[tuple[str, str, str | None], _Facts] = {}
 
 
 _kinds_lock = threading.Lock()
 
 
 def _facts(connection: BaseDatabaseWrapper) -> _Facts:
-    """What the hot path needs to know of a database, asked once per process."""
-    cache_key = (connection.alias, str(connection.settings_dict.get("NAME")))
+    """What the hot path needs to know of a database and schema, asked once per process."""
+    schema = getattr(connection, "schema_name", None)  # django-tenants' current schema
+    cache_key = (
+        connection.alias,
+        str(connection.settings_dict.get("NAME")),
+        None if schema is None else str(schema),
+    )
     facts = _kinds.get(cache_key)
     if facts is None:
         with connection.cursor() as cursor:
@@ -50,7 +58,7 @@ def _facts(connection: BaseDatabaseWrapper) -> _Facts:
 def is_partitioned(connection: BaseDatabaseWrapper) -> bool:
     """Whether the record table on ``connection`` is a partitioned PostgreSQL table.
 
-    Asked once per process and database (one catalog query, which also reads the
+    Asked once per process, database and tenant schema (one catalog query, which also reads the
     server's port for :func:`server_port`), then cached, so the claim's hot path pays
     nothing even with ``CONN_MAX_AGE = 0``. Migrations that change the table, and any
     failing claim statement, call :func:`forget`, so a process that outlives a

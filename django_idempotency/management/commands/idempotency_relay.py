@@ -4,27 +4,34 @@ The loop outlives the database: an outage (``management.jobs``) is logged
 once when it starts and once when it ends, the relay retries with backoff and goes
 on. ``SIGTERM`` (``kill``, a container stop) is a graceful stop: the handlers running
 finish, what was delivered is marked, the rest of the batch is handed back, and the
-command exits 0; a second ``SIGTERM`` stops it at once, as Ctrl-C does.
+command exits 0; a second ``SIGTERM`` stops it at once, as Ctrl-C does. On a
+schema-per-tenant database (django-tenants) it runs one relay per schema that holds the
+outbox, and looks for new schemas each time it has drained them all (docs/tenants.md).
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import time
 from collections.abc import Iterable
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import connections
+from django.db import DatabaseError, connections
 from django.utils.translation import ngettext
 
 from django_idempotency.conf import conf
 from django_idempotency.management.jobs import UNAVAILABLE, GracefulStop, Outage
 from django_idempotency.outbox import relay
+from django_idempotency.store import tenants
 from django_idempotency.store.routing import all_databases
 
 logger = logging.getLogger("django_idempotency.outbox")
+
+#: A database alias and a tenant schema (``None``: the connection's own schema).
+Target = tuple[str, str | None]
 
 
 class Command(BaseCommand):
@@ -33,7 +40,8 @@ class Command(BaseCommand):
     help = (
         "Deliver due outbox messages. With --once, deliver everything due now and exit; "
         "otherwise poll every --interval seconds until stopped (SIGTERM, Ctrl-C) or "
-        "--max-iterations, riding out database outages with backoff."
+        "--max-iterations, riding out database outages with backoff. On a django-tenants "
+        "database it delivers every tenant schema's outbox."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:  # noqa: D102
@@ -89,31 +97,42 @@ class Command(BaseCommand):
             raise CommandError("--max-iterations must be at least 1.")
         aliases = (options["database"],) if options["database"] else all_databases()
         once = options["once"]
-        # One relay per database for the whole run: a batch's marks are written while
-        # the next batch is claimed (docs/outbox.md, "Marks").
-        relays = {alias: relay.Relay(alias, threads=threads) for alias in aliases}
+        # One relay per database (and tenant schema) for the whole run: a batch's marks
+        # are written while the next batch is claimed (docs/outbox.md, "Marks").
+        relays: dict[Target, relay.Relay] = {}
         outages = {alias: Outage("outbox relay", alias, logger) for alias in aliases}
         unavailable: dict[str, BaseException] = {}  # --once: databases given up on
-        stop = GracefulStop(*(each.stop for each in relays.values()))
+
+        def stop_relays() -> None:
+            for each in list(relays.values()):
+                each.stop()
+
+        stop = GracefulStop(stop_relays)
         iterations = 0
         try:
             with stop:
+                self._discover(relays, aliases, outages, unavailable, once, threads)
                 while not stop.requested and (limit is None or iterations < limit):
                     now = time.monotonic()
                     ready = [
-                        alias
-                        for alias in relays
-                        if alias not in unavailable and outages[alias].retry_at <= now
+                        target
+                        for target in relays
+                        if target[0] not in unavailable and outages[target[0]].retry_at <= now
                     ]
                     if not ready:
-                        if len(unavailable) == len(relays):
+                        if once or len(unavailable) == len(aliases):
                             break
-                        stop.sleep(min(o.retry_at for o in outages.values() if o.down) - now)
+                        retries = [o.retry_at for o in outages.values() if o.down]
+                        stop.sleep((min(retries) if retries else now + options["interval"]) - now)
+                        self._discover(relays, aliases, outages, unavailable, once, threads)
                         continue
                     ran = full = False
-                    for alias in ready:
+                    for target in ready:
+                        alias = target[0]
+                        if alias in unavailable or outages[alias].retry_at > time.monotonic():
+                            continue  # failed earlier in this pass
                         try:
-                            handled = relays[alias].deliver_batch(batch_size)
+                            handled = relays[target].deliver_batch(batch_size)
                         except UNAVAILABLE as exc:
                             if once:
                                 unavailable[alias] = exc
@@ -130,17 +149,18 @@ class Command(BaseCommand):
                     if once or (limit is not None and iterations >= limit):
                         break
                     # Drained for now: nothing left pending while it sleeps.
-                    for alias, each in relays.items():
-                        if not outages[alias].down:
+                    for target, each in relays.items():
+                        if not outages[target[0]].down:
                             try:
                                 each.close()
                             except UNAVAILABLE as exc:
-                                outages[alias].failed(exc)
+                                outages[target[0]].failed(exc)
                     pause = options["interval"]
                     down = [o for o in outages.values() if o.down]
                     if down:
                         pause = min(pause, min(o.retry_at for o in down) - time.monotonic())
                     stop.sleep(pause)  # poll interval or backoff, not synchronisation
+                    self._discover(relays, aliases, outages, unavailable, once, threads)
         except KeyboardInterrupt:
             pass
         finally:
@@ -158,21 +178,54 @@ class Command(BaseCommand):
             self.stdout.write(outcome_line(relays.values()))
         problems = [f"database {alias!r} unavailable: {exc}" for alias, exc in unavailable.items()]
         problems += [
-            f"database {alias!r}: {count} delivered message(s) not marked sent, delivered "
-            f"again after the relay lease: {exc}"
-            for alias, (count, exc) in unmarked.items()
+            f"database {tenants.label(*target)!r}: {count} delivered message(s) not marked "
+            f"sent, delivered again after the relay lease: {exc}"
+            for target, (count, exc) in unmarked.items()
         ]
         if problems:
             raise CommandError("; ".join(problems))
 
-    def _close(self, relays: dict[str, relay.Relay]) -> dict[str, tuple[int, BaseException]]:
-        """Close every relay (its last marks); the marks the database refused, by alias."""
-        unmarked: dict[str, tuple[int, BaseException]] = {}
-        for alias, each in relays.items():
+    def _discover(
+        self,
+        relays: dict[Target, relay.Relay],
+        aliases: tuple[str, ...],
+        outages: dict[str, Outage],
+        unavailable: dict[str, BaseException],
+        once: bool,
+        threads: int | None,
+    ) -> None:
+        """Add a relay for each database and tenant schema not covered yet.
+
+        A tenant schema created since the last look gets its relay; one dropped since
+        loses it. A database that cannot be asked is an outage, as a failed batch is.
+        """
+        for alias in aliases:
+            if alias in unavailable or outages[alias].retry_at > time.monotonic():
+                continue
+            try:
+                found = tenants.targets((alias,))
+            except UNAVAILABLE as exc:
+                if once:
+                    unavailable[alias] = exc
+                else:
+                    outages[alias].failed(exc)
+                continue
+            for target in found:
+                if target not in relays:
+                    relays[target] = relay.Relay(alias, threads=threads, schema=target[1])
+            for target in [t for t in relays if t[0] == alias and t not in found]:
+                gone = relays.pop(target)
+                with contextlib.suppress(DatabaseError):  # its tables went with the schema
+                    gone.close()
+
+    def _close(self, relays: dict[Target, relay.Relay]) -> dict[Target, tuple[int, BaseException]]:
+        """Close every relay (its last marks); the marks the database refused, by target."""
+        unmarked: dict[Target, tuple[int, BaseException]] = {}
+        for target, each in relays.items():
             try:
                 each.close()
             except UNAVAILABLE as exc:
-                unmarked[alias] = (each.unmarked, exc)
+                unmarked[target] = (each.unmarked, exc)
         return unmarked
 
 

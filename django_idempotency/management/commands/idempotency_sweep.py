@@ -2,7 +2,8 @@
 
 One sweep by default (cron); with ``--loop``, a sweep every ``--interval`` seconds
 until ``SIGTERM`` or Ctrl-C, riding out database outages as the relay command does
-(``management.jobs``).
+(``management.jobs``). On a schema-per-tenant database (django-tenants) each run
+sweeps every schema that holds the record table (docs/tenants.md).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class Command(BaseCommand):
         "and sent outbox messages older than OUTBOX_RETENTION. On a partitioned "
         "PostgreSQL table it creates the partitions ahead and drops whole past days "
         "(keeping a day while a record in it is still live); elsewhere it deletes in "
-        "batches. Safe to run twice "
+        "batches. On a django-tenants database it sweeps every tenant schema. Safe to run twice "
         "at once and to re-run. With --dry-run it only reports what it would do. With "
         "--loop it sweeps every --interval seconds until stopped (SIGTERM, Ctrl-C), "
         "riding out database outages with backoff."
@@ -108,12 +109,22 @@ class Command(BaseCommand):
             logger.info("idempotency sweep stopped on SIGTERM")
 
     def _sweep(self, alias: str, dry_run: bool) -> bool:
-        """Sweep one database and report it; whether a partition could not be dropped."""
-        report = retention.sweep(alias, dry_run=dry_run)
+        """Sweep one database (each of its tenant schemas) and report it.
+
+        Returns whether a partition could not be dropped.
+        """
+        failed = False
+        for report in retention.sweep_all(alias, dry_run=dry_run):
+            failed = self._report(report) or failed
+        return failed
+
+    def _report(self, report: retention.SweepReport) -> bool:
+        """Write one schema's report; whether a partition could not be dropped."""
+        where = f"database {report.database!r}"
+        if report.schema is not None:
+            where += f", schema {report.schema!r}"
         if report.skipped:
-            self.stdout.write(
-                f"Another sweeper is running on database {alias!r}; nothing done there."
-            )
+            self.stdout.write(f"Another sweeper is running on {where}; nothing done there.")
             return False
         dry = report.dry_run
 
@@ -121,7 +132,7 @@ class Command(BaseCommand):
             return f"Would {present}" if dry else past
 
         self.stdout.write(
-            f"{'Dry run: ' if dry else ''}database {report.database!r} ({report.method}); "
+            f"{'Dry run: ' if dry else ''}{where} ({report.method}); "
             f"now {report.now:%Y-%m-%d %H:%M:%S} UTC; records whose window and lease "
             "are over are forgotten"
             + (

@@ -42,6 +42,11 @@ LOCK_NAMESPACE = 1768187245  # "idem"
 SWEEP_LOCK = (LOCK_NAMESPACE, 1)
 
 
+#: First key of a tenant schema's sweeper lock (transaction-scoped); the second is
+#: ``hashtext(schema name)`` (docs/tenants.md).
+SCHEMA_SWEEP_LOCK = LOCK_NAMESPACE + 2
+
+
 #: Seed of ``hashtextextended`` for the scope's advisory lock.
 _SCOPE_SEED = 7310034283826791680
 
