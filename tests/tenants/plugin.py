@@ -1,0 +1,68 @@
+"""The schema-per-tenant suite's database: created for the run, two tenants, dropped after.
+
+Loaded with ``-p tests.tenants.plugin`` by tests/integration/test_tenants.py, which runs
+tests/tenants/scenarios.py in a pytest of its own (``DJANGO_SETTINGS_MODULE`` =
+``tests.tenants.settings``): django-tenants needs its own database backend, router and
+apps, which the main suite's settings cannot share. The database is real and
+committed to (threads with their own connections see each other's writes), so the
+tests keep apart by their idempotency keys, not by rolled-back transactions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from django.conf import settings
+from django.core.management import call_command
+from django.db import connection, connections
+
+TENANTS = ("alpha", "beta")
+
+
+def _maintenance() -> Any:
+    db = settings.DATABASES["default"]
+    return psycopg.connect(
+        host=db.get("HOST") or "127.0.0.1",
+        port=int(db.get("PORT") or 5432),
+        user=db.get("USER") or "postgres",
+        password=db.get("PASSWORD") or None,
+        dbname="postgres",
+        autocommit=True,
+    )
+
+
+def _drop_database(name: str) -> None:
+    with _maintenance() as maintenance:
+        maintenance.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def tenant_database(django_db_blocker: Any) -> Iterator[tuple[str, ...]]:
+    """A fresh database: the shared apps in ``public``, then one schema per tenant."""
+    name = settings.DATABASES["default"]["NAME"]
+    _drop_database(name)
+    with _maintenance() as maintenance:
+        maintenance.execute(f'CREATE DATABASE "{name}"')
+    with django_db_blocker.unblock():
+        call_command("migrate_schemas", "--shared", verbosity=0)
+        from tests.tenants.customers.models import Client, Domain
+
+        for schema in TENANTS:  # creating a tenant migrates its schema (TENANT_APPS)
+            tenant = Client.objects.create(schema_name=schema, name=schema.title())
+            Domain.objects.create(domain=f"{schema}.test", tenant=tenant, is_primary=True)
+        connections.close_all()
+    yield TENANTS
+    connections.close_all()
+    _drop_database(name)
+
+
+@pytest.fixture(autouse=True)
+def tenant_db(tenant_database: tuple[str, ...], django_db_blocker: Any) -> Iterator[None]:
+    """Database access for each test, its connection back in ``public`` afterwards."""
+    with django_db_blocker.unblock():
+        yield
+        connection.set_schema_to_public()  # type: ignore[attr-defined]
+        connections.close_all()

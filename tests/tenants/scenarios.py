@@ -1,0 +1,171 @@
+"""Schema-per-tenant projects (django-tenants): records, claims, sweeps and relays per schema.
+
+Run by tests/integration/test_tenants.py in a pytest of its own (tests/tenants/plugin.py
+makes the database: tenants ``alpha`` and ``beta``, each with its own schema holding the
+app's tables, day-partitioned). The file name keeps it out of the main suite's
+collection, whose settings are not django-tenants'.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import json
+import logging
+import uuid
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+from django.test import Client
+from django_tenants.utils import schema_context
+
+from django_idempotency import tasks
+from django_idempotency.models import IdempotencyRecord, OutboxMessage, OutboxState
+from django_idempotency.retention import partitions
+from django_idempotency.store import catalog
+from django_idempotency.testing import fire_duplicates, travel
+from tests.tenants.plugin import TENANTS
+from tests.tenants.shop.models import Delivery, Order
+
+
+def client_of(schema: str) -> Client:
+    """A test client whose requests django-tenants routes to ``schema`` (by host)."""
+    return Client(HTTP_HOST=f"{schema}.test")
+
+
+def order(schema: str, key: str, item: str = "book") -> Any:
+    return client_of(schema).post(
+        "/orders",
+        data=json.dumps({"item": item}),
+        content_type="application/json",
+        HTTP_IDEMPOTENCY_KEY=key,
+    )
+
+
+def records(schema: str, key: str) -> list[IdempotencyRecord]:
+    with schema_context(schema):
+        return list(IdempotencyRecord.objects.filter(key=key))
+
+
+def orders(schema: str) -> int:
+    with schema_context(schema):
+        return Order.objects.count()
+
+
+def test_one_key_in_two_tenants_runs_once_in_each() -> None:
+    key = str(uuid.uuid4())
+    before = {schema: orders(schema) for schema in TENANTS}
+
+    first = {schema: order(schema, key) for schema in TENANTS}
+    retried = {schema: order(schema, key) for schema in TENANTS}
+
+    for schema in TENANTS:
+        assert first[schema].status_code == 201, first[schema].content
+        assert orders(schema) == before[schema] + 1
+        assert retried[schema].status_code == 201
+        assert retried[schema].content == first[schema].content  # the tenant's own replay
+        (record,) = records(schema, key)
+        assert record.state == "completed"
+        assert json.loads(record.response_body) == json.loads(first[schema].content)
+
+
+def test_cached_table_facts_are_kept_per_schema() -> None:
+    catalog.forget()
+    for schema in TENANTS:
+        connection.set_schema(schema)  # type: ignore[attr-defined]
+        assert catalog.is_partitioned(connection)
+    connection.set_schema_to_public()  # type: ignore[attr-defined]
+    # The app is in TENANT_APPS alone: public has no record table, and says so.
+    assert not catalog.is_partitioned(connection)
+
+
+def test_concurrent_duplicates_inside_one_tenant_run_once() -> None:
+    before = {schema: orders(schema) for schema in TENANTS}
+
+    duplicates = fire_duplicates(
+        lambda: client_of("alpha"),
+        "/orders",
+        json.dumps({"item": "lamp"}),
+        content_type="application/json",
+        count=8,
+    )
+
+    duplicates.assert_ran_once()
+    assert orders("alpha") == before["alpha"] + 1
+    assert orders("beta") == before["beta"]
+    assert len(records("alpha", duplicates.key)) == 1
+    assert records("beta", duplicates.key) == []
+
+
+def _days_of(schema: str, key: str) -> dt.date:
+    (record,) = records(schema, key)
+    assert record.sweep_after is not None
+    return record.sweep_after.astimezone(dt.UTC).date()
+
+
+def _partition_days(schema: str) -> set[dt.date]:
+    with schema_context(schema):
+        return {p.day for p in partitions.list_partitions(connection)}
+
+
+@pytest.mark.parametrize("runner", ["command", "celery task"])
+def test_one_sweep_drops_a_past_day_in_every_schema(runner: str) -> None:
+    key = str(uuid.uuid4())
+    for schema in TENANTS:
+        assert order(schema, key).status_code == 201
+    day = {schema: _days_of(schema, key) for schema in TENANTS}
+    for schema in TENANTS:
+        assert day[schema] in _partition_days(schema)
+
+    with travel(30 * 86400):  # the records' days are a month behind now
+        if runner == "command":
+            out = io.StringIO()
+            call_command("idempotency_sweep", stdout=out)
+            text = out.getvalue()
+            for schema in TENANTS:
+                assert f"database 'default', schema '{schema}' (partitions)" in text
+        else:
+            report = tasks.sweep()
+            swept = {each["schema"] for each in report["databases"]}
+            assert swept == set(TENANTS)
+
+    for schema in TENANTS:
+        assert day[schema] not in _partition_days(schema)
+        assert records(schema, key) == []
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_one_relay_run_delivers_each_tenants_messages_in_its_schema(
+    threads: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    for schema in TENANTS:
+        for n in range(4):
+            assert order(schema, str(uuid.uuid4()), item=f"{schema}-{n}").status_code == 201
+
+    with caplog.at_level(logging.WARNING, logger="django_idempotency"):
+        call_command("idempotency_relay", "--once", "--threads", str(threads), stdout=io.StringIO())
+
+    _assert_delivered_in_place()
+    # The handlers' threads and the marks' writer ran in the relay's schema: no mark
+    # or delivery failed on the way (a wrong schema has no outbox table).
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+def test_the_relay_task_delivers_each_tenants_messages_in_its_schema() -> None:
+    for schema in TENANTS:
+        assert order(schema, str(uuid.uuid4())).status_code == 201
+
+    assert tasks.relay_outbox() >= len(TENANTS)
+
+    _assert_delivered_in_place()
+
+
+def _assert_delivered_in_place() -> None:
+    """Every order of each tenant delivered once, to the handler, in that tenant's schema."""
+    for schema in TENANTS:
+        with schema_context(schema):
+            assert not OutboxMessage.objects.exclude(state=OutboxState.SENT).exists()
+            delivered = sorted(Delivery.objects.values_list("order", flat=True))
+            assert delivered == sorted(Order.objects.values_list("pk", flat=True))
