@@ -17,7 +17,7 @@ class IdempotencyConfig(AppConfig):
     def ready(self) -> None:
         """Register the system checks (``django_idempotency.E001`` ...) and the log receivers."""
         from django_idempotency import logging
-        from django_idempotency.checks import databases, settings, stacking, urls, views
+        from django_idempotency.checks import databases, settings, stacking, tenants, urls, views
 
-        del databases, settings, stacking, urls, views  # they register on import
+        del databases, settings, stacking, tenants, urls, views  # they register on import
         logging.connect()

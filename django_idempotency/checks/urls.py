@@ -75,28 +75,32 @@ def _patterns(patterns: list[Any]) -> Iterator[URLPattern]:
             yield pattern
 
 
-def _read_urlconf() -> tuple[list[URLPattern], str | None]:
-    """(every URL pattern of the root URLconf, why it could not be read or ``None``).
+def _read_urlconf(urlconf: str | None = None) -> tuple[list[URLPattern], str | None]:
+    """(every URL pattern of the root URLconf (or ``urlconf``), why it could not be read).
 
     No ``ROOT_URLCONF`` (a worker's settings module) means no views: nothing to read and
     nothing to report. An exception while importing the URLconf or one it includes
     (``ImportError``, or any error its code raises) is the reason.
     """
-    if not getattr(settings, "ROOT_URLCONF", None):
+    if urlconf is None and not getattr(settings, "ROOT_URLCONF", None):
         return [], None
     try:
-        return list(_patterns(get_resolver().url_patterns)), None
+        return list(_patterns(get_resolver(urlconf).url_patterns)), None
     except Exception as exc:  # a system check reports, it never crashes the command
         return [], f"{type(exc).__name__}: {exc}"
 
 
-def url_patterns() -> list[URLPattern]:
+def url_patterns(urlconf: str | None = None) -> list[URLPattern]:
     """Every ``URLPattern`` of the root URLconf, includes walked; empty if it cannot be read.
 
     Never raises: the checks that walk the URLconf then have nothing to inspect, and
     W009 (:func:`check_urlconf_readable`) says why, once.
+
+    Args:
+        urlconf: the dotted path of another URLconf to walk (django-tenants'
+            ``PUBLIC_SCHEMA_URLCONF``); ``None``: ``ROOT_URLCONF``.
     """
-    return _read_urlconf()[0]
+    return _read_urlconf(urlconf)[0]
 
 
 @register(Tags.urls)

@@ -169,3 +169,9 @@ def _assert_delivered_in_place() -> None:
             assert not OutboxMessage.objects.exclude(state=OutboxState.SENT).exists()
             delivered = sorted(Delivery.objects.values_list("order", flat=True))
             assert delivered == sorted(Order.objects.values_list("pk", flat=True))
+
+
+def test_the_recommended_layout_passes_the_system_checks() -> None:
+    out = io.StringIO()
+    call_command("check", "--fail-level", "WARNING", stdout=out)
+    assert "no issues" in out.getvalue()
