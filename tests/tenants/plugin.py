@@ -1,4 +1,4 @@
-"""The schema-per-tenant suite's database: created for the run, two tenants, dropped after.
+"""The schema-per-tenant suite's database: created for the run, three tenants, dropped after.
 
 Loaded with ``-p tests.tenants.plugin`` by tests/integration/test_tenants.py, which runs
 tests/tenants/scenarios.py in a pytest of its own (``DJANGO_SETTINGS_MODULE`` =
@@ -18,8 +18,13 @@ import pytest
 from django.conf import settings
 from django.core.management import call_command
 from django.db import connection, connections
+from django.test import override_settings
 
-TENANTS = ("alpha", "beta")
+#: Tenants whose record table is day-partitioned (``PARTITION_RECORDS``, the default).
+PARTITIONED = ("alpha", "beta")
+#: A tenant migrated with ``PARTITION_RECORDS = False``: its record table stays plain.
+PLAIN = ("gamma",)
+TENANTS = (*PARTITIONED, *PLAIN)
 
 
 def _maintenance() -> Any:
@@ -51,7 +56,9 @@ def tenant_database(django_db_blocker: Any) -> Iterator[tuple[str, ...]]:
         from tests.tenants.customers.models import Client, Domain
 
         for schema in TENANTS:  # creating a tenant migrates its schema (TENANT_APPS)
-            tenant = Client.objects.create(schema_name=schema, name=schema.title())
+            partitioned = {"PARTITION_RECORDS": schema in PARTITIONED}
+            with override_settings(IDEMPOTENCY=partitioned):
+                tenant = Client.objects.create(schema_name=schema, name=schema.title())
             Domain.objects.create(domain=f"{schema}.test", tenant=tenant, is_primary=True)
         connections.close_all()
     yield TENANTS

@@ -1,9 +1,10 @@
 """Schema-per-tenant projects (django-tenants): records, claims, sweeps and relays per schema.
 
-Run by tests/integration/test_tenants.py in a pytest of its own (tests/tenants/plugin.py
-makes the database: tenants ``alpha`` and ``beta``, each with its own schema holding the
-app's tables, day-partitioned). The file name keeps it out of the main suite's
-collection, whose settings are not django-tenants'.
+Run by tests/integration/test_tenants.py in a pytest of its own. tests/tenants/plugin.py
+makes the database: tenants ``alpha``, ``beta`` and ``gamma``, each with its own schema
+holding the app's tables (day-partitioned in ``alpha`` and ``beta``, a plain table in
+``gamma``). The file name keeps it out of the main suite's collection, whose settings
+are not django-tenants'.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from django_idempotency.models import IdempotencyRecord, OutboxMessage, OutboxSt
 from django_idempotency.retention import partitions
 from django_idempotency.store import catalog
 from django_idempotency.testing import fire_duplicates, travel
-from tests.tenants.plugin import TENANTS
+from django_idempotency.testing.threads import run_together
+from tests.tenants.plugin import PARTITIONED, PLAIN, TENANTS
 from tests.tenants.shop.models import Delivery, Order
 
 
@@ -71,12 +73,29 @@ def test_one_key_in_two_tenants_runs_once_in_each() -> None:
         assert json.loads(record.response_body) == json.loads(first[schema].content)
 
 
+def test_one_key_sent_to_two_tenants_at_once_runs_once_in_each() -> None:
+    key = str(uuid.uuid4())
+    pair = ("alpha", "gamma")  # a partitioned and a plain record table
+    before = {schema: orders(schema) for schema in pair}
+
+    responses = run_together(lambda n: order(pair[n % 2], key), 8)
+
+    # Per tenant: one original, the others replays (201) or in flight (409).
+    assert {r.status_code for r in responses} <= {201, 409}, [r.content for r in responses]
+    for schema in pair:
+        assert orders(schema) == before[schema] + 1
+        (record,) = records(schema, key)
+        assert record.state == "completed"
+
+
 def test_cached_table_facts_are_kept_per_schema() -> None:
     catalog.forget()
-    for schema in TENANTS:
+    # Alternating tenants: each one's claim takes the path of its own table's kind.
+    for schema in (*TENANTS, *reversed(TENANTS)):
+        assert order(schema, str(uuid.uuid4())).status_code == 201
         connection.set_schema(schema)  # type: ignore[attr-defined]
-        assert catalog.is_partitioned(connection)
-    connection.set_schema_to_public()  # type: ignore[attr-defined]
+        assert catalog.is_partitioned(connection) == (schema in PARTITIONED)
+        connection.set_schema_to_public()  # type: ignore[attr-defined]
     # The app is in TENANT_APPS alone: public has no record table, and says so.
     assert not catalog.is_partitioned(connection)
 
@@ -115,8 +134,8 @@ def test_one_sweep_drops_a_past_day_in_every_schema(runner: str) -> None:
     key = str(uuid.uuid4())
     for schema in TENANTS:
         assert order(schema, key).status_code == 201
-    day = {schema: _days_of(schema, key) for schema in TENANTS}
-    for schema in TENANTS:
+    day = {schema: _days_of(schema, key) for schema in PARTITIONED}
+    for schema in PARTITIONED:
         assert day[schema] in _partition_days(schema)
 
     with travel(30 * 86400):  # the records' days are a month behind now
@@ -124,15 +143,21 @@ def test_one_sweep_drops_a_past_day_in_every_schema(runner: str) -> None:
             out = io.StringIO()
             call_command("idempotency_sweep", stdout=out)
             text = out.getvalue()
-            for schema in TENANTS:
+            for schema in PARTITIONED:
                 assert f"database 'default', schema '{schema}' (partitions)" in text
+            for schema in PLAIN:
+                assert f"database 'default', schema '{schema}' (delete)" in text
         else:
             report = tasks.sweep()
-            swept = {each["schema"] for each in report["databases"]}
-            assert swept == set(TENANTS)
+            methods = {each["schema"]: each["method"] for each in report["databases"]}
+            assert methods == {
+                **dict.fromkeys(PARTITIONED, "partitions"),
+                **dict.fromkeys(PLAIN, "delete"),
+            }
 
-    for schema in TENANTS:
+    for schema in PARTITIONED:
         assert day[schema] not in _partition_days(schema)
+    for schema in TENANTS:
         assert records(schema, key) == []
 
 
@@ -175,3 +200,26 @@ def test_the_recommended_layout_passes_the_system_checks() -> None:
     out = io.StringIO()
     call_command("check", "--fail-level", "WARNING", stdout=out)
     assert "no issues" in out.getvalue()
+
+
+def test_the_relay_loop_takes_up_a_new_tenant_and_lets_a_dropped_one_go() -> None:
+    from django_idempotency.management.commands.idempotency_relay import Command
+    from django_idempotency.management.jobs import Outage
+    from tests.tenants.customers.models import Client as Tenant
+
+    command = Command()
+    relays: dict[Any, Any] = {}
+    outages = {"default": Outage("outbox relay", "default", logging.getLogger("tests"))}
+
+    def discover() -> set[str | None]:
+        command._discover(relays, ("default",), outages, {}, False, None)
+        assert all(each.schema == target[1] for target, each in relays.items())
+        return {schema for _alias, schema in relays}
+
+    assert discover() == set(TENANTS)
+    tenant = Tenant.objects.create(schema_name="delta", name="Delta")
+    try:
+        assert discover() == {*TENANTS, "delta"}
+    finally:
+        tenant.delete(force_drop=True)
+    assert discover() == set(TENANTS)
