@@ -100,7 +100,7 @@ NAMES: dict[str, tuple[str, ...]] = {
     ),
     "django_idempotency.inbox": ("Attempt", "idempotent_call", "once"),
     "django_idempotency.inbox.celery": ("idempotent_shared_task", "idempotent_task"),
-    "django_idempotency.retention": ("SweepReport", "sweep"),
+    "django_idempotency.retention": ("SweepReport", "sweep", "sweep_all"),
     "django_idempotency.store": ("end_leases", "forget_responses"),
     "django_idempotency.tasks": ("relay_outbox", "sweep"),
     "django_idempotency.admin": ("IdempotencyRecordAdmin", "OutboxMessageAdmin"),
@@ -155,8 +155,8 @@ SETTINGS = frozenset(
 
 #: System check ids (docs/checks.md): projects silence them by id.
 CHECK_IDS = frozenset(
-    [f"django_idempotency.E{n:03}" for n in range(1, 11)]
-    + [f"django_idempotency.W{n:03}" for n in range(1, 10)]
+    [f"django_idempotency.E{n:03}" for n in range(1, 13)]
+    + [f"django_idempotency.W{n:03}" for n in range(1, 11)]
 )
 
 #: Problem type slugs (docs/problems.md): clients branch on them.

@@ -144,7 +144,7 @@ class Pool:
     ``using`` runs in it, as the relay's does.
     """
 
-    def __init__(self, size: int, using: str = "default", schema: str | None = None) -> None:
+    def __init__(self, size: int, using: str, schema: str | None = None) -> None:
         self.size = size
         self._using = using
         self._schema = schema

@@ -147,6 +147,13 @@ def sweep_all(using: str | None = None, *, dry_run: bool = False) -> list[SweepR
     (django-tenants), one per schema that holds the record table, by schema name
     (docs/tenants.md).
 
+    Args:
+        using: database alias; by default the router's choice for records.
+        dry_run: change nothing; report what would be created, dropped or deleted.
+
+    Returns:
+        The :class:`SweepReport` of each schema, in order (``schema`` names it).
+
     Raises:
         django.db.DatabaseError: the database failed; the schemas after it are not swept.
     """
