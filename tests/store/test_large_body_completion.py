@@ -27,7 +27,7 @@ from tests.support.faults import admin_connection
 from tests.support.testapp.models import Widget
 from tests.support.testapp.views import LARGE_BODY
 
-pytestmark = [pytest.mark.postgres, pytest.mark.pooled]
+pytestmark = [pytest.mark.postgres]
 
 FP = "f" * 64
 BIG = store.StoredResponse(201, [("Content-Type", "application/octet-stream")], LARGE_BODY)
@@ -61,10 +61,12 @@ def claim() -> store.Claim:
     return won
 
 
+@pytest.mark.pooled
 def test_the_test_body_is_large_enough_to_be_bound():
     assert len(LARGE_BODY) >= BOUND_BODY_BYTES
 
 
+@pytest.mark.pooled
 def test_a_large_body_commits_with_the_views_writes_and_replays_exactly(
     record_table, statements, commands
 ):
@@ -89,6 +91,7 @@ def test_a_large_body_commits_with_the_views_writes_and_replays_exactly(
     assert Widget.objects.filter(name="large").count() == 1
 
 
+@pytest.mark.pooled
 def test_a_fenced_large_completion_rolls_the_views_writes_back(record_table):
     won = claim()
     stolen = dataclasses.replace(won, owner_token=uuid.uuid4())  # as if taken over
@@ -106,6 +109,7 @@ def test_a_fenced_large_completion_rolls_the_views_writes_back(record_table):
 
 
 def test_a_large_completion_releases_the_owners_presence_lock(record_table):
+    """On a direct connection (behind a transaction pooler there is no owner presence)."""
     won = claim()
     assert won.present and presence.holds(won)  # a direct connection holds it
     with transactions.atomic("default"):
@@ -119,6 +123,7 @@ def test_a_large_completion_releases_the_owners_presence_lock(record_table):
     assert held == 0
 
 
+@pytest.mark.pooled
 def test_large_completions_leave_no_prepared_statement(record_table):
     """Even where a project asks psycopg to prepare (``OPTIONS["prepare_threshold"]``)."""
     connection.ensure_connection()
