@@ -132,7 +132,7 @@ def test_a_pool_handler_raising_system_exit_leaves_no_delivered_message_unmarked
     outbox.register("stops.topic")(deliver)
     with pytest.raises(SystemExit):
         relay.deliver_batch(10, threads=2)
-    assert handler == ids[:2]
+    assert sorted(handler) == ids[:2]  # two pool threads: either may start first
     assert states(ids[:2]) == [(PENDING, 1), (SENT, 1)]
     assert_handed_back(ids[2:])
 
