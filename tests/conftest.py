@@ -220,3 +220,16 @@ def server_repeatable_read() -> Any:
             cursor.execute(f'ALTER DATABASE "{name}" RESET default_transaction_isolation')
         connections.close_all()
         store_isolation.strict_databases.discard("default")
+
+
+@pytest.fixture
+def statements() -> Iterator[list[str]]:
+    """The SQL of every statement the test's default connection executes."""
+    seen: list[str] = []
+
+    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        seen.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(wrapper):
+        yield seen

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from django.db import connection, transaction
@@ -29,7 +27,7 @@ from django_idempotency.store import isolation as store_isolation
 from django_idempotency.store import rows as store_rows
 from tests.support.concurrency import token_client
 from tests.support.factories import TokenFactory
-from tests.support.faults import admin_connection
+from tests.support.faults import committed_elsewhere
 from tests.support.testapp.models import Widget
 
 pytestmark = [pytest.mark.postgres, pytest.mark.pooled]
@@ -99,26 +97,6 @@ def test_the_completion_is_fenced_by_the_partition_key_too(record_table):
 
 
 # --- The COMMIT sent with the completion ---------------------------------------------
-
-
-@pytest.fixture
-def statements() -> Iterator[list[str]]:
-    """The SQL of every statement the test's connection executes."""
-    seen: list[str] = []
-
-    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        seen.append(sql)
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(wrapper):
-        yield seen
-
-
-def committed_elsewhere(sql: str, *params: Any) -> Any:
-    """A value read by a connection of its own: only what committed."""
-    with admin_connection() as other:
-        row = other.execute(sql, params).fetchone()
-        return row[0] if row else None
 
 
 def test_the_completion_carries_the_views_commit(record_table, commands, statements):

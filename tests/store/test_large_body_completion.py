@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Iterator
-from typing import Any
 
 import pytest
 from django.db import connection
@@ -23,7 +21,7 @@ from django_idempotency.models import IdempotencyRecord
 from django_idempotency.store import presence
 from django_idempotency.store.settle import BOUND_BODY_BYTES
 from tests.support.factories import UserFactory
-from tests.support.faults import admin_connection
+from tests.support.faults import admin_connection, committed_elsewhere
 from tests.support.testapp.models import Widget
 from tests.support.testapp.views import LARGE_BODY
 
@@ -31,26 +29,6 @@ pytestmark = [pytest.mark.postgres]
 
 FP = "f" * 64
 BIG = store.StoredResponse(201, [("Content-Type", "application/octet-stream")], LARGE_BODY)
-
-
-@pytest.fixture
-def statements() -> Iterator[list[str]]:
-    """The SQL of every statement the test's connection executes."""
-    seen: list[str] = []
-
-    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        seen.append(sql)
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(wrapper):
-        yield seen
-
-
-def committed(sql: str, *params: Any) -> Any:
-    """A value read by a connection of its own: only what committed."""
-    with admin_connection() as other:
-        row = other.execute(sql, params).fetchone()
-        return row[0] if row else None
 
 
 def claim() -> store.Claim:
@@ -81,10 +59,10 @@ def test_a_large_body_commits_with_the_views_writes_and_replays_exactly(
     assert len(completion) == 1 and "COMMIT" not in completion[0]  # seen by wrappers
     assert commands[-1] == b"COMMIT"  # the view's block commits it
     record = IdempotencyRecord.objects.get(key=key)
-    assert committed(
+    assert committed_elsewhere(
         "SELECT length(response_body) FROM django_idempotency_record WHERE id = %s", record.pk
     ) == len(LARGE_BODY)
-    assert committed("SELECT count(*) FROM testapp_widget WHERE name = 'large'") == 1
+    assert committed_elsewhere("SELECT count(*) FROM testapp_widget WHERE name = 'large'") == 1
     again = client.post("/large-body", {}, HTTP_IDEMPOTENCY_KEY=key)
     assert again["Idempotent-Replayed"] == "true"
     assert again.content == LARGE_BODY and again["Location"] == first["Location"]
@@ -98,11 +76,11 @@ def test_a_fenced_large_completion_rolls_the_views_writes_back(record_table):
     with pytest.raises(exceptions.LeaseLost), transactions.atomic("default"):
         Widget.objects.create(name="must-not-commit")
         store.complete(stolen, BIG, commit=True)
-    assert committed("SELECT count(*) FROM testapp_widget") == 0
+    assert committed_elsewhere("SELECT count(*) FROM testapp_widget") == 0
     assert IdempotencyRecord.objects.get(pk=won.record_id).state == "claimed"
     with transactions.atomic("default"):  # its owner completes it; the block commits
         assert store.complete(won, BIG, commit=True) is False
-    assert committed(
+    assert committed_elsewhere(
         "SELECT state FROM django_idempotency_record WHERE id = %s", won.record_id
     ) == ("completed")
     assert bytes(IdempotencyRecord.objects.get(pk=won.record_id).response_body) == LARGE_BODY

@@ -166,3 +166,10 @@ def direct_presence() -> None:
 
     if not presence.takes(connections["default"]):
         pytest.skip("needs a direct PostgreSQL connection (owner presence)")
+
+
+def committed_elsewhere(sql: str, *params: Any) -> Any:
+    """A value read by a connection of its own: only what committed."""
+    with admin_connection() as other:
+        row = other.execute(sql, params).fetchone()
+        return row[0] if row else None
