@@ -8,19 +8,20 @@ standalone on two databases left by ``scale.py --keep``::
 On each database it runs ``--count`` claims of new keys, each under
 ``EXPLAIN (ANALYZE, BUFFERS)`` and committed, as the app sends them (the
 ``django_idempotency_claim`` function on the partitioned table, the
-``INSERT ... ON CONFLICT`` statement on the plain one), then completes each claim under
-``EXPLAIN (ANALYZE, BUFFERS)`` (``django_idempotency_complete``, committed). Per
-database and statement it prints the median execution time on the server and the
-median shared buffers hit and read (read: not in ``shared_buffers``, from the OS cache
-or the disk), and the plan of the claim's lookup of the scope in every partition,
-which is the statement whose cost can grow with the table. Buffer counts do not
-depend on the machine's load; times do.
+``INSERT ... ON CONFLICT`` statement on the plain one), then completes each claim with a
+1 KB response under ``EXPLAIN (ANALYZE, BUFFERS)`` (``django_idempotency_complete``,
+committed). Per database and statement it prints the median execution time on the
+server and the median shared buffers hit and read (read: not in ``shared_buffers``,
+from the OS cache or the disk), and the plan of the claim's lookup of the scope in
+every partition, which is the statement whose cost can grow with the table. Buffer
+counts do not depend on the machine's load; times do.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import uuid
@@ -38,6 +39,8 @@ from django_idempotency.store.sql import (
 )
 
 EXPLAIN = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "
+#: The completions' response: 1 KB that does not compress, the fill's average size.
+RESPONSE_BODY = os.urandom(500).hex().encode()
 LOOKUP = (
     "EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) SELECT * FROM django_idempotency_record r "
     "WHERE r.principal = %s AND r.endpoint = %s AND r.key = %s"
@@ -77,6 +80,7 @@ def explain(url: str, count: int) -> dict[str, Any]:
                 "take": False,
                 "test": True,
                 "async_commit": True,
+                "request_path": "/items",
             }
             with conn.transaction():
                 (plan,) = conn.execute(EXPLAIN + claim_sql, params).fetchone()
@@ -92,7 +96,7 @@ def explain(url: str, count: int) -> dict[str, Any]:
                 "sweep_after": sweep_after if partitioned else None,
                 "status": 201,
                 "headers": json.dumps([["Content-Type", "application/json"]]),
-                "body": b'{"id": 1, "name": "widget", "size": 3}',
+                "body": RESPONSE_BODY,
                 "grace": 0.0,
                 "clock_offset": 0.0,
             }

@@ -9,6 +9,7 @@ stored in the view's transaction (one more statement). It answers no replay and 
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -60,6 +61,21 @@ FLOOR_COMPLETE_SQL = (
     f"UPDATE {FloorRecord._meta.db_table} SET response_status = %s, response_body = %s "
     "WHERE id = %s"
 )
+
+
+class ItemCreatePadded(ItemCreate):
+    """``POST /items-padded?pad=N``: ``POST /items`` whose 201 carries N more bytes.
+
+    The response grows by a ``receipt`` of ``N`` random hex characters (default 1000,
+    which do not compress), so the stored record is as large as a typical API's
+    (benchmarks/fillfactor.py).
+    """
+
+    def post(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        response = super().post(request, *args, **kwargs)
+        pad = int(request.query_params.get("pad", "1000"))
+        response.data = {**response.data, "receipt": os.urandom(pad // 2 + 1).hex()[:pad]}
+        return response
 
 
 def _create_then(request: Request, complete: Callable[[bytes], None]) -> Response:

@@ -133,6 +133,44 @@ def test_a_missing_partition_is_created_by_the_claim():
     assert partition_of(won.record_id) == name
 
 
+def storage_parameters(name: str) -> list[str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT reloptions FROM pg_class WHERE oid = to_regclass(%s)", [name])
+        return sorted(cursor.fetchone()[0] or [])
+
+
+def test_a_new_partition_takes_the_storage_parameters_of_the_newest_one():
+    """A partition made on demand gets ``fillfactor=75``; once an operator sets storage
+    parameters on the newest partition, the partitions made after it take them."""
+    made: list[str] = []
+    try:
+        for days in (2000, 2001, 2002):  # later than any day another test makes
+            with testing.travel(days * DAY):
+                made.append(partition_of(claim(scope()).record_id))
+            if days == 2000:
+                assert storage_parameters(made[0]) == ["fillfactor=75"]
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        f"ALTER TABLE {made[0]} "
+                        "SET (fillfactor = 90, autovacuum_vacuum_scale_factor = 0.01)"
+                    )
+            elif days == 2001:
+                assert storage_parameters(made[1]) == [
+                    "autovacuum_vacuum_scale_factor=0.01",
+                    "fillfactor=90",
+                ]
+                with connection.cursor() as cursor:
+                    cursor.execute(f"ALTER TABLE {made[1]} RESET (fillfactor)")
+        assert storage_parameters(made[2]) == [
+            "autovacuum_vacuum_scale_factor=0.01",
+            "fillfactor=75",
+        ]
+    finally:
+        with connection.cursor() as cursor:
+            for name in made:
+                cursor.execute(f"DROP TABLE IF EXISTS {name}")
+
+
 def test_concurrent_claims_creating_one_missing_partition():
     """Sixteen different keys on a day without a partition: all succeed, one table."""
     offset = 500 * DAY + 3600

@@ -211,3 +211,57 @@ def test_the_migration_unapplies_cleanly():
         call_command("migrate", APP, verbosity=0)
         forget()
     assert is_partitioned(connection)
+
+
+# --- storage parameters: room on each page for the completion ---------------------------
+
+
+def fillfactors() -> dict[str, str | None]:
+    """The ``fillfactor`` of the record table and of each of its partitions, by name."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT relname, (SELECT o FROM unnest(reloptions) o WHERE o LIKE 'fillfactor=%%') "
+            "FROM pg_class WHERE relkind = 'r' AND relname LIKE 'django\\_idempotency\\_record%%'"
+        )
+        return dict(cursor.fetchall())
+
+
+def page_of(record_id: int) -> int:
+    """The heap page holding the current version of the record's row."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT (ctid::text::point)[0]::bigint FROM django_idempotency_record WHERE id = %s",
+            [record_id],
+        )
+        return int(cursor.fetchone()[0])
+
+
+def test_the_record_tables_keep_a_quarter_of_each_page_free(plain_table):
+    """The plain table, and every partition the migration creates, have ``fillfactor=75``."""
+    assert fillfactors() == {"django_idempotency_record": "fillfactor=75"}
+    migrate_afresh()
+    found = fillfactors()
+    assert len(found) > tables.days_ahead() and set(found.values()) == {"fillfactor=75"}
+
+
+def test_a_completion_on_a_page_filled_by_later_claims_is_a_hot_update(record_table):
+    """Claims go on filling the page of a claimed row until only the reserved quarter is
+    left; the completion then writes the row's new version, with a 1.5 KB response, on
+    the same page as a HOT update: no new entry in any index of the table."""
+    first = claim(scope())
+    page = page_of(first.record_id)
+    for _ in range(500):
+        if page_of(claim(scope()).record_id) != page:
+            break  # the page took all the claims it will take
+    else:
+        pytest.fail("500 claims did not fill one page")
+    with transaction.atomic():
+        store.complete(first, store.StoredResponse(201, [], uuid.uuid4().hex.encode() * 47))
+        with connection.cursor() as cursor:  # this transaction's own counts, not flushed yet
+            cursor.execute(
+                "SELECT sum(n_tup_upd), sum(n_tup_hot_upd) FROM pg_stat_xact_user_tables "
+                "WHERE relname LIKE 'django\\_idempotency\\_record%%'"
+            )
+            updated, hot = cursor.fetchone()
+    assert (updated, hot) == (1, 1)
+    assert page_of(first.record_id) == page

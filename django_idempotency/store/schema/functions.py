@@ -76,6 +76,29 @@ _READ_COMMITTED_ONLY = """
     END IF;"""
 
 
+#: The record table's ``fillfactor`` (percent): each page keeps a quarter free when rows
+#: are inserted, so the completion, which writes the response into the row the claim
+#: inserted, finds room for the new row version on the same page and is a HOT update
+#: (no new entry in any of the four indexes). A completed row is at most about 2 KB in
+#: the page (larger values are compressed or moved to TOAST), a quarter of 8 KB
+#: (docs/retention.md#storage-parameters).
+RECORD_FILLFACTOR = 75
+
+
+#: Storage parameters of a new partition: those of the newest partition, so that an
+#: operator's ``ALTER TABLE ... SET (...)`` on it carries forward, with
+#: :data:`RECORD_FILLFACTOR` unless it names a ``fillfactor`` of its own.
+_NEW_PARTITION_OPTIONS = f"""
+    SELECT coalesce(c.reloptions, '{{}}') INTO v_options FROM pg_inherits i
+    JOIN pg_class c ON c.oid = i.inhrelid
+    WHERE i.inhparent = v_parent
+      AND c.relname LIKE '{PARTITION_PREFIX.replace("_", "!_")}%' ESCAPE '!'
+    ORDER BY c.relname DESC LIMIT 1;
+    IF NOT EXISTS (SELECT 1 FROM unnest(v_options) o WHERE o LIKE 'fillfactor=%') THEN
+        v_options := coalesce(v_options, '{{}}') || 'fillfactor={RECORD_FILLFACTOR}'::text;
+    END IF;"""
+
+
 ENSURE_PARTITION_FUNCTION = f"""
 CREATE OR REPLACE FUNCTION django_idempotency_ensure_partition(p_day date)
 RETURNS boolean LANGUAGE plpgsql VOLATILE AS $fn$
@@ -83,6 +106,7 @@ DECLARE
     v_parent regclass := '{TABLE}'::regclass;
     v_schema name;
     v_name name := '{PARTITION_PREFIX}' || to_char(p_day, 'YYYYMMDD');
+    v_options text[];
 BEGIN
     -- One creator per day at a time; held until this transaction ends.
     PERFORM pg_advisory_xact_lock({LOCK_NAMESPACE + 1}, p_day - DATE '2000-01-01');
@@ -91,12 +115,12 @@ BEGIN
         RETURN false;
     END IF;
     SELECT n.nspname INTO v_schema FROM pg_class c
-    JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = v_parent;
+    JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = v_parent;{_NEW_PARTITION_OPTIONS}
     -- CREATE + ATTACH takes SHARE UPDATE EXCLUSIVE on the parent, which claims and
     -- updates (ROW EXCLUSIVE) do not wait for; CREATE ... PARTITION OF would take
     -- ACCESS EXCLUSIVE.
-    EXECUTE format('CREATE TABLE %I.%I (LIKE %s INCLUDING DEFAULTS INCLUDING CONSTRAINTS)',
-                   v_schema, v_name, v_parent);
+    EXECUTE format('CREATE TABLE %I.%I (LIKE %s INCLUDING DEFAULTS INCLUDING CONSTRAINTS) '
+                   'WITH (%s)', v_schema, v_name, v_parent, array_to_string(v_options, ', '));
     EXECUTE format('ALTER TABLE %s ATTACH PARTITION %I.%I FOR VALUES FROM (%L) TO (%L)',
                    v_parent, v_schema, v_name,
                    p_day::timestamp AT TIME ZONE 'UTC',

@@ -25,6 +25,7 @@ from django_idempotency.store.schema.functions import (
     COMPLETE_SIGNATURE,
     DROP_PARTITION_FUNCTIONS,
     ENSURE_PARTITION_FUNCTION,
+    RECORD_FILLFACTOR,
     SCOPE_TRIGGER,
     SCOPE_TRIGGER_FUNCTION,
     TABLE,
@@ -65,6 +66,7 @@ def install(connection: BaseDatabaseWrapper) -> None:
     with connection.cursor() as cursor:  # no parameters: the body has % signs
         cursor.execute(COMPLETE_FUNCTION)
     if not conf.partition_records:
+        _plain_fillfactor(connection)
         return
     if connection.pg_version < MIN_SERVER_VERSION:  # type: ignore[attr-defined]
         warnings.warn(
@@ -73,6 +75,7 @@ def install(connection: BaseDatabaseWrapper) -> None:
             RuntimeWarning,
             stacklevel=2,
         )
+        _plain_fillfactor(connection)
         return
     today = clock.store_now(connection).date()
     days = [today + dt.timedelta(days=n) for n in range(days_ahead() + 1)]
@@ -193,6 +196,7 @@ def to_plain(connection: BaseDatabaseWrapper, schema_editor: Any, model: Any) ->
             )
         _rename_sequence(cursor, f"{_PARTITIONED_COPY}_id_seq", table=_PARTITIONED_COPY)
         schema_editor.create_model(model)
+        _plain_fillfactor(connection)
         cursor.execute(
             f"INSERT INTO {TABLE} ({columns}) SELECT {columns} FROM {_PARTITIONED_COPY} "
             "ORDER BY created_at DESC ON CONFLICT DO NOTHING"
@@ -213,6 +217,12 @@ def drop_functions(connection: BaseDatabaseWrapper) -> None:
     with connection.cursor() as cursor:
         for sql in DROP_PARTITION_FUNCTIONS:
             cursor.execute(sql)
+
+
+def _plain_fillfactor(connection: BaseDatabaseWrapper) -> None:
+    """Give the plain record table the partitions' ``fillfactor`` (``RECORD_FILLFACTOR``)."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"ALTER TABLE {TABLE} SET (fillfactor = {RECORD_FILLFACTOR})")
 
 
 def _rename_sequence(cursor: Any, name: str, *, table: str = TABLE) -> None:
