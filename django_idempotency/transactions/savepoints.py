@@ -1,14 +1,26 @@
-"""The view's ``RELEASE SAVEPOINT`` statements, sent late or not at all.
+"""The view's savepoints in fewer round trips: the first with the ``BEGIN``, releases late.
 
 Inside the app's transaction every ``transaction.atomic()`` block of the view is a
 savepoint: ``SAVEPOINT`` when it opens, ``RELEASE SAVEPOINT`` when it closes, a round
-trip each. A release changes nothing the next statement could observe: it only merges
-the savepoint's work into its parent. So while a single-transaction view runs on
-PostgreSQL, :class:`ViewSavepoints` (an execute wrapper) holds each release back and
-sends it just before the next statement, in order; the ones still held when the view
-is done are dropped, because the transaction ends next (its ``COMMIT`` or ``ROLLBACK``
-releases every savepoint). A view whose last block closes right before it returns (the
-common shape) saves that round trip.
+trip each, and psycopg's ``BEGIN`` one more before the transaction's first statement.
+While a single-transaction view runs on PostgreSQL, :class:`ViewSavepoints` (an execute
+wrapper) saves two of them:
+
+- **The first savepoint carries the BEGIN.** When Django's ``SAVEPOINT`` is the
+  transaction's first statement (the view opens a block before anything else), it goes
+  as ``BEGIN; SAVEPOINT ...`` in one query on psycopg 3's libpq connection, where
+  psycopg would send its ``BEGIN`` alone first. psycopg opens a transaction only when
+  the server reports none, so it adds no ``BEGIN`` of its own after it; its autocommit
+  flag, which Django reads, is never touched. Only where psycopg's ``BEGIN`` would be a
+  plain ``BEGIN`` (no isolation level, read-only or deferrable set on the driver's
+  connection) and outside pipeline mode. The savepoint is placed when Django asks for
+  it, as before: only the ``BEGIN`` moved.
+- **Releases are held back.** A release changes nothing the next statement could
+  observe: it only merges the savepoint's work into its parent. So each release is held
+  and sent just before the next statement, in order; the ones still held when the view
+  is done are dropped, because the transaction ends next (its ``COMMIT`` or
+  ``ROLLBACK`` releases every savepoint). A view whose last block closes right before it
+  returns (the common shape) saves that round trip.
 
 What is held, and when:
 
@@ -20,9 +32,10 @@ What is held, and when:
   transaction Django's release fails and Django handles that failure where it happens;
 - only while Django is not logging queries and no wrapper of the view's own sits inside
   this one: ``DEBUG``, ``assertNumQueries``, ``CaptureQueriesContext`` and the view's
-  wrappers see each statement as Django makes it. Held releases go out through the
-  driver's connection, past the wrappers and the log, which saw them when made (one per
-  query in psycopg's pipeline mode).
+  wrappers see each statement as Django makes it (the first savepoint, too, then goes
+  after psycopg's own ``BEGIN``). Held releases go out through the driver's connection,
+  past the wrappers and the log, which saw them when made (one per query in psycopg's
+  pipeline mode).
 
 When a statement that bypasses Django's execute wrappers (psycopg's ``cursor.copy()``)
 aborted the transaction, or the connection was closed, held releases are dropped
@@ -56,8 +69,10 @@ _ENDS_SAVEPOINTS = re.compile(r"\b(?:savepoint|release|rollback|commit|abort|end
 _DJANGO_SAVEPOINT = re.compile(
     rf'(?P<verb>{_SAVEPOINT}|{_RELEASE}|{_ROLLBACK_TO}) (?P<name>"s\d+_x\d+")'
 )
-#: libpq's ``PQTRANS_INTRANS`` (idle inside a healthy transaction block) and
-#: ``PQTRANS_INERROR`` (inside a transaction a failed statement aborted).
+#: libpq's ``PQTRANS_IDLE`` (no transaction open), ``PQTRANS_INTRANS`` (idle inside a
+#: healthy transaction block) and ``PQTRANS_INERROR`` (inside a transaction a failed
+#: statement aborted).
+_IDLE = 0
 _INTRANS = 2
 _INERROR = 3
 
@@ -82,7 +97,11 @@ class ViewSavepoints:
     def __call__(
         self, execute: Any, sql: Any, params: Any, many: bool, context: dict[str, Any]
     ) -> Any:
-        """Hold a release back; send the held ones before any other statement."""
+        """Hold a release back; send the held ones before any other statement.
+
+        Django's ``SAVEPOINT`` that would be the transaction's first statement goes with
+        the transaction's ``BEGIN``.
+        """
         ours = None
         if params is None and not many and isinstance(sql, str):
             ours = _DJANGO_SAVEPOINT.fullmatch(sql)  # never a statement of the view's own
@@ -96,10 +115,49 @@ class ViewSavepoints:
             # transaction): those placed so far are no longer known to stand, and their
             # releases go out as Django makes them, to fail where they would.
             self.placed = []
-        result = execute(sql, params, many, context)
+        result = None
+        if ours is not None and ours["verb"] == _SAVEPOINT and self._opens_transaction():
+            self._begin_with(sql)
+        else:
+            result = execute(sql, params, many, context)
         if ours is not None:
             self._track(ours["verb"], ours["name"])
         return result
+
+    def _opens_transaction(self) -> bool:
+        """Whether Django's savepoint may carry the transaction's ``BEGIN``.
+
+        No transaction is open on the server yet, psycopg 3 would open one with a plain
+        ``BEGIN`` (outside pipeline mode), and Django is not logging queries.
+        """
+        raw = self.connection.connection
+        pgconn = getattr(raw, "pgconn", None)  # psycopg 3 only
+        return (
+            pgconn is not None
+            and self._status() == _IDLE
+            and raw.autocommit is False
+            and raw.isolation_level is None
+            and raw.read_only is None
+            and raw.deferrable is None
+            and not pgconn.pipeline_status
+            and not self.connection.queries_logged
+            and self.connection.execute_wrappers[-1] is self
+        )
+
+    def _begin_with(self, sql: str) -> None:
+        """Send ``BEGIN; <sql>`` as one query on the driver's libpq connection.
+
+        Raises:
+            django.db.DatabaseError: the server refused it (a transaction it opened
+                stays open and aborted, and Django's block rolls it back).
+        """
+        from psycopg import errors, pq
+
+        raw = self.connection.connection
+        with self.connection.wrap_database_errors:
+            result = raw.pgconn.exec_(f"BEGIN; {sql}".encode(raw.info.encoding))
+            if result.status != pq.ExecStatus.COMMAND_OK:
+                raise errors.error_from_result(result, encoding=raw.info.encoding)
 
     def _holds(self, name: str) -> bool:
         """Whether the release of savepoint ``name`` can wait for the next statement."""

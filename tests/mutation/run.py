@@ -507,6 +507,36 @@ MUTANTS: list[Mutant] = [
         what="releases held while Django logs queries (logged as statements without SQL)",
     ),
     m(
+        "X18",
+        "transactions/savepoints.py",
+        "            and self._status() == _IDLE\n",
+        "",
+        tests=("tests/transactions/test_savepoints.py",),
+        backends=(PG,),
+        what="a BEGIN sent with a savepoint inside an open transaction",
+    ),
+    m(
+        "X19",
+        "transactions/savepoints.py",
+        "            and raw.isolation_level is None\n",
+        "",
+        tests=("tests/transactions/test_savepoints.py",),
+        backends=(PG,),
+        what="the first savepoint's BEGIN without the isolation level psycopg's would say",
+    ),
+    m(
+        "X20",
+        "transactions/savepoints.py",
+        "            and not self.connection.queries_logged\n"
+        "            and self.connection.execute_wrappers[-1] is self\n"
+        "        )\n\n    def _begin_with",
+        "            and self.connection.execute_wrappers[-1] is self\n"
+        "        )\n\n    def _begin_with",
+        tests=("tests/transactions/test_savepoints.py",),
+        backends=(PG,),
+        what="the first savepoint sent with the BEGIN while Django logs queries",
+    ),
+    m(
         "X4",
         "transactions/savepoints.py",
         '    if connection.vendor != "postgresql" or any(\n'
@@ -549,8 +579,10 @@ MUTANTS: list[Mutant] = [
     m(
         "X7",
         "transactions/savepoints.py",
-        "            and self.connection.execute_wrappers[-1] is self\n",
-        "",
+        "            # A wrapper of the view's own, inside this one, sees the release as it "
+        "comes.\n            and self.connection.execute_wrappers[-1] is self\n",
+        "            # A wrapper of the view's own, inside this one, sees the release as it "
+        "comes.\n",
         tests=("tests/transactions/test_savepoints.py",),
         backends=(PG,),
         what="releases held from a wrapper the view installed inside the app's",
@@ -1295,7 +1327,8 @@ MUTANTS: list[Mutant] = [
     m(
         "K11",
         "checks/urls.py",
-        '    if not getattr(settings, "ROOT_URLCONF", None):\n        return [], None\n',
+        '    if urlconf is None and not getattr(settings, "ROOT_URLCONF", None):\n'
+        "        return [], None\n",
         "",
         tests=(
             "tests/checks/test_checks.py::test_check_runs_without_a_root_urlconf",

@@ -143,3 +143,30 @@ def test_a_connection_killed_after_a_view_that_opens_a_block_first():
     HOOKS.clear()
     assert committed() == []
     assert_fresh()
+
+
+def test_a_connection_killed_before_the_first_block_of_a_view():
+    """The first block's ``BEGIN; SAVEPOINT`` meets a dead connection: the request fails
+    with nothing committed, and the next request gets a fresh connection."""
+    HOOKS["before_block"] = lambda request: terminate(connection.connection.info.backend_pid)
+    assert post("/first-block/block-then", str(uuid.uuid4())).status_code in (500, 503)
+    HOOKS.clear()
+    assert committed() == []
+    assert_fresh()
+
+
+def test_the_first_block_opens_the_transaction_psycopg_keeps_its_autocommit_flag():
+    """While the view runs, after its first block carried the ``BEGIN``, the driver's
+    connection is in a transaction and its autocommit flag is still off, as Django set
+    it."""
+    seen: list[tuple[int, bool]] = []
+
+    def look(request: object) -> None:
+        raw = connection.connection
+        seen.append((int(raw.info.transaction_status), raw.autocommit))
+
+    HOOKS["during_view"] = look
+    assert post("/first-block/block-then", str(uuid.uuid4())).status_code == 201
+    assert seen == [(2, False)]  # INTRANS
+    assert committed() == ["first", "last"]
+    assert_fresh()

@@ -14,6 +14,7 @@ import pytest
 from django.db import connection, transaction
 from django.http import HttpRequest, JsonResponse
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 
@@ -32,15 +33,22 @@ NAMES = ["between", "first", "last"]
 
 @pytest.fixture
 def sent(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Every statement psycopg sends (Django's cursors are psycopg ClientCursors)."""
+    """Every statement psycopg sends (Django's cursors are psycopg ClientCursors), and
+    the first savepoint sent with the ``BEGIN`` on the libpq connection."""
     seen: list[str] = []
     real = psycopg.ClientCursor.execute
+    real_begin = savepoints.ViewSavepoints._begin_with
 
     def spy(self: Any, query: Any, params: Any = None, **kwargs: Any) -> Any:
         seen.append(str(query))
         return real(self, query, params, **kwargs)
 
+    def begin_spy(self: Any, sql: str) -> None:
+        seen.append(f"BEGIN; {sql}")
+        real_begin(self, sql)
+
     monkeypatch.setattr(psycopg.ClientCursor, "execute", spy)
+    monkeypatch.setattr(savepoints.ViewSavepoints, "_begin_with", begin_spy)
     return seen
 
 
@@ -69,18 +77,21 @@ def kinds(statements: list[str]) -> list[str]:
 
 @pytest.mark.postgres
 def test_releases_go_out_before_the_next_statement_and_the_last_ones_never(sent, commands):
+    """The view's first block opens the transaction: its SAVEPOINT goes with the BEGIN,
+    in one query, and psycopg sends no BEGIN of its own."""
     key = str(uuid.uuid4())
     response = post(key, sent, commands)
     assert response.status_code == 201, response.content
     assert set(response.json()) == {"last"}
-    first = next(i for i, sql in enumerate(sent) if sql.startswith("SAVEPOINT"))
+    first = next(i for i, sql in enumerate(sent) if sql.startswith("BEGIN; SAVEPOINT"))
     order = kinds(sent[first:])
-    assert commands == [b"BEGIN"]  # psycopg's; no COMMIT of its own: the completion's
-    # first block: SAVEPOINT, INSERT, its release held until the next statement;
-    # failing block: SAVEPOINT, INSERT, INSERT (refused), ROLLBACK TO and RELEASE at
-    # once (Django's own handling); the write between; the last two blocks: their
-    # releases are held and dropped, the COMMIT that follows releases them.
-    assert order[:4] == ["SAVEPOINT", "INSERT", "RELEASE", "SAVEPOINT"]
+    assert commands == []  # no BEGIN of psycopg's; no COMMIT of its own: the completion's
+    # first block: BEGIN and SAVEPOINT, INSERT, its release held until the next
+    # statement; failing block: SAVEPOINT, INSERT, INSERT (refused), ROLLBACK TO and
+    # RELEASE at once (Django's own handling); the write between; the last two blocks:
+    # their releases are held and dropped, the COMMIT that follows releases them.
+    assert order[:5] == ["BEGIN", "SAVEPOINT", "INSERT", "RELEASE", "SAVEPOINT"]
+    order = order[1:]
     assert order[4:8] == ["INSERT", "INSERT", "ROLLBACK TO", "RELEASE"]
     assert order[8:11] == ["INSERT", "SAVEPOINT", "SAVEPOINT"]
     assert order[11:] == ["INSERT", "SELECT", "COMMIT"]  # the completion carries COMMIT
@@ -88,6 +99,35 @@ def test_releases_go_out_before_the_next_statement_and_the_last_ones_never(sent,
     assert IdempotencyRecord.objects.get().state == "completed"
     replay = post(key)  # another user's token: another principal, so it runs again
     assert replay.status_code == 201
+
+
+@pytest.mark.postgres
+def test_a_first_savepoint_follows_psycopgs_own_begin_when_that_begin_is_not_plain(sent, commands):
+    """With an isolation level set on the driver's connection, psycopg's ``BEGIN`` says
+    it, so it goes as psycopg sends it, and the view's first savepoint after it."""
+    connection.ensure_connection()
+    raw = connection.connection
+    raw.isolation_level = psycopg.IsolationLevel.READ_COMMITTED
+    try:
+        response = post(str(uuid.uuid4()), sent, commands)
+    finally:
+        raw.isolation_level = None
+    assert response.status_code == 201, response.content
+    assert commands == [b"BEGIN ISOLATION LEVEL READ COMMITTED"]
+    assert not any(sql.startswith("BEGIN") for sql in sent)
+    assert IdempotencyRecord.objects.get().state == "completed"
+
+
+@pytest.mark.postgres
+def test_while_queries_are_logged_the_first_savepoint_follows_psycopgs_begin(sent, commands):
+    """``CaptureQueriesContext`` (or ``DEBUG``) sees the statements as Django makes them:
+    psycopg sends its own ``BEGIN`` and the savepoint goes alone."""
+    with CaptureQueriesContext(connection) as logged:
+        response = post(str(uuid.uuid4()), sent, commands)
+    assert response.status_code == 201, response.content
+    assert commands == [b"BEGIN"]
+    assert not any(sql.startswith("BEGIN") for sql in sent)
+    assert any(q["sql"].startswith("SAVEPOINT") for q in logged.captured_queries)
 
 
 @pytest.mark.postgres

@@ -564,7 +564,11 @@ def first_block_copy_caught(request):
 @idempotent(required=False, lease=30)
 def first_block_block_then(request):
     """A block first (its SAVEPOINT carries the BEGIN), the during_view hook, then the
-    outcome asked for in the body: raise, a status, or set_rollback(True)."""
+    outcome asked for in the body: raise, a status, or set_rollback(True). The
+    before_block hook runs before anything else."""
+    hook = HOOKS.get("before_block")
+    if callable(hook):
+        hook(request)
     with _transaction.atomic():
         Widget.objects.create(name="first")
     _gate(request)
