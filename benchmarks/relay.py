@@ -205,6 +205,46 @@ def run_floor(batch_size: int, messages: int, max_seconds: float) -> float:
     return delivered / (time.perf_counter() - started)
 
 
+def run_statements(batch_size: int, messages: int, max_seconds: float) -> float:
+    """The relay's own two statements per batch, with the least Python; messages/s.
+
+    The claim (``outbox.claim``'s statement: lock, count the attempt, lease) and the
+    mark (``outbox.marks``' fenced ``UPDATE``), one after the other on one connection,
+    each committed, with no handler, no message objects and no writer thread: what the
+    relay's SQL costs apart from its Python, beside the floor.
+    """
+    from django.db import connection
+
+    from django_idempotency.conf import conf
+    from django_idempotency.outbox import claim, marks
+
+    fill(messages)
+    now = "(statement_timestamp() + %(offset)s * interval '1 second')"
+    claim_sql = claim._PG_CLAIM_SQL.format(now=now)
+    mark_sql = marks._PG_MARK_SQL.format(now=now)
+    claim_params = {
+        "offset": 0.0, "limit": batch_size, "lease": 30.0,
+        "max": conf.outbox_max_attempts, "abandoned": " abandoned",
+    }  # fmt: skip
+    delivered = 0
+    started = time.perf_counter()
+    with connection.cursor() as cursor:
+        while time.perf_counter() - started < max_seconds:
+            cursor.execute(claim_sql, claim_params)
+            rows = cursor.fetchall()
+            if not rows:
+                break
+            until = [row[5].isoformat() + "+00:00" for row in rows]  # naive UTC
+            ids = [row[0] for row in rows]
+            attempts = [row[4] for row in rows]
+            marked = {"offset": 0.0, "ids": ids, "attempts": attempts, "until": until}
+            cursor.execute(mark_sql, marked)
+            if len(cursor.fetchall()) != len(rows):
+                raise RuntimeError("a mark's fence did not match its claim")
+            delivered += len(rows)
+    return delivered / (time.perf_counter() - started)
+
+
 def run_here(
     batch_size: int, threads: int, messages: int, max_seconds: float, mark_delay: float | None
 ) -> float:
@@ -379,6 +419,7 @@ def compare(args: argparse.Namespace) -> None:
     # handler: the floor runs no handler).
     with_floor = connection.vendor == "postgresql" and args.handler == "noop"
     floors: dict[int, list[float]] = {size: [] for size in args.batch_sizes} if with_floor else {}
+    statements: dict[int, list[float]] = {size: [] for size in floors}
     try:
         for _ in range(args.repeat):
             for combination in combinations:
@@ -391,6 +432,7 @@ def compare(args: argparse.Namespace) -> None:
                 rates[combination].append(rate)
             for size, runs in floors.items():
                 runs.append(run_floor(size, args.messages, args.max_seconds))
+                statements[size].append(run_statements(size, args.messages, args.max_seconds))
         print(
             "| batch size | threads | relays | mark delay | messages/s (median) | min | max "
             "| / SQL floor (median, min-max) | dup |"
@@ -406,6 +448,12 @@ def compare(args: argparse.Namespace) -> None:
                 f"| {batch_size} | {threads} | {relays} | {shown} "
                 f"| {statistics.median(runs):,.0f} | {runs[0]:,.0f} | {runs[-1]:,.0f} "
                 f"| {of_floor(rates[combination], floors.get(batch_size))} | {dup} |"
+            )
+        for size, runs in statements.items():
+            ordered = sorted(runs)
+            print(
+                f"| {size} | - | the relay's statements | - | {statistics.median(ordered):,.0f} "
+                f"| {ordered[0]:,.0f} | {ordered[-1]:,.0f} | {of_floor(runs, floors[size])} | - |"
             )
         for size, runs in floors.items():
             runs = sorted(runs)

@@ -10,7 +10,9 @@ attributes of this benchmark server's process only.
 Names (``MECHANISMS``):
 
 * ``held_releases``: the view's ``RELEASE SAVEPOINT`` statements go out when Django
-  makes them (``transactions/savepoints.py`` not installed);
+  makes them (``transactions/savepoints.py`` holds none);
+* ``begin_with_savepoint``: the view's first ``SAVEPOINT`` goes alone, after psycopg's
+  own ``BEGIN`` (``transactions/savepoints.py`` sends it as Django makes it);
 * ``commit_with_completion``: the completion, then Django's ``COMMIT`` in a round trip
   of its own (``store.commits_with_completion`` answers no);
 * ``async_claim_commit``: the claim's ``COMMIT`` waits for the WAL flush
@@ -25,19 +27,26 @@ Names (``MECHANISMS``):
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 
 def _held_releases() -> None:
     from django_idempotency.transactions import savepoints
 
-    @contextmanager
-    def view_savepoints(using: str) -> Iterator[None]:
-        yield None
+    def holds(self: Any, name: str) -> bool:
+        return False
 
-    savepoints.view_savepoints = view_savepoints  # type: ignore[assignment]
+    savepoints.ViewSavepoints._holds = holds  # type: ignore[method-assign]
+
+
+def _begin_with_savepoint() -> None:
+    from django_idempotency.transactions import savepoints
+
+    def opens_transaction(self: Any) -> bool:
+        return False
+
+    savepoints.ViewSavepoints._opens_transaction = opens_transaction  # type: ignore[method-assign]
 
 
 def _commit_with_completion() -> None:
@@ -89,6 +98,7 @@ def _cached_table_facts() -> None:
 
 MECHANISMS: dict[str, Callable[[], None]] = {
     "held_releases": _held_releases,
+    "begin_with_savepoint": _begin_with_savepoint,
     "commit_with_completion": _commit_with_completion,
     "async_claim_commit": _async_claim_commit,
     "pruned_completion": _pruned_completion,
