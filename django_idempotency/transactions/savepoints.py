@@ -78,7 +78,10 @@ _INERROR = 3
 
 
 class ViewSavepoints:
-    """An execute wrapper (``connection.execute_wrapper``) that holds releases back.
+    """An execute wrapper (``connection.execute_wrapper``) for the view's savepoints.
+
+    It sends a first ``SAVEPOINT`` with the transaction's ``BEGIN`` and holds releases
+    back (the module's docstring says when).
 
     Args:
         connection: the Django connection it wraps (PostgreSQL).

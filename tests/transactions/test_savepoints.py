@@ -1,6 +1,7 @@
-"""The view's ``RELEASE SAVEPOINT`` statements are sent late, in order, or not at all
-(``django_idempotency.savepoints``): what PostgreSQL receives, and that the view's
-blocks behave exactly as without the app."""
+"""The view's first ``SAVEPOINT`` goes with the transaction's ``BEGIN``, and its
+``RELEASE SAVEPOINT`` statements are sent late, in order, or not at all
+(``django_idempotency.transactions.savepoints``): what PostgreSQL receives, and that
+the view's blocks behave exactly as without the app."""
 
 from __future__ import annotations
 
