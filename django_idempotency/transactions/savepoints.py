@@ -131,7 +131,7 @@ class ViewSavepoints:
         """Whether Django's savepoint may carry the transaction's ``BEGIN``.
 
         No transaction is open on the server yet, psycopg 3 would open one with a plain
-        ``BEGIN`` (outside pipeline mode), and Django is not logging queries.
+        ``BEGIN`` (outside pipeline mode), and nothing watches the statements one by one.
         """
         raw = self.connection.connection
         pgconn = getattr(raw, "pgconn", None)  # psycopg 3 only
@@ -143,8 +143,7 @@ class ViewSavepoints:
             and raw.read_only is None
             and raw.deferrable is None
             and not pgconn.pipeline_status
-            and not self.connection.queries_logged
-            and self.connection.execute_wrappers[-1] is self
+            and self._unwatched()
         )
 
     def _begin_with(self, sql: str) -> None:
@@ -167,10 +166,16 @@ class ViewSavepoints:
         return (
             name in self.placed  # a release of one destroyed meanwhile fails at once
             and self._status() == _INTRANS
-            and not self.connection.queries_logged  # the log shows what is sent, as sent
-            # A wrapper of the view's own, inside this one, sees the release as it comes.
-            and self.connection.execute_wrappers[-1] is self
+            and self._unwatched()
         )
+
+    def _unwatched(self) -> bool:
+        """Whether nothing sees Django's statements one by one as they are made.
+
+        Django's query log shows what is sent, as sent; a wrapper of the view's own,
+        inside this one, sees each statement as it comes.
+        """
+        return not self.connection.queries_logged and self.connection.execute_wrappers[-1] is self
 
     def _track(self, verb: str, name: str) -> None:
         """Follow the savepoints that stand after Django's statement ``verb`` succeeded."""

@@ -499,12 +499,12 @@ MUTANTS: list[Mutant] = [
     m(
         "X3",
         "transactions/savepoints.py",
-        "            and not self.connection.queries_logged"
-        "  # the log shows what is sent, as sent\n",
-        "",
-        tests=("tests/transactions/test_query_log.py",),
+        "return not self.connection.queries_logged and self.connection.execute_wrappers",
+        "return self.connection.execute_wrappers",
+        tests=("tests/transactions/test_query_log.py", "tests/transactions/test_savepoints.py"),
         backends=(PG,),
-        what="releases held while Django logs queries (logged as statements without SQL)",
+        what="releases held, and the first savepoint sent with the BEGIN, while Django logs "
+        "queries",
     ),
     m(
         "X18",
@@ -523,18 +523,6 @@ MUTANTS: list[Mutant] = [
         tests=("tests/transactions/test_savepoints.py",),
         backends=(PG,),
         what="the first savepoint's BEGIN without the isolation level psycopg's would say",
-    ),
-    m(
-        "X20",
-        "transactions/savepoints.py",
-        "            and not self.connection.queries_logged\n"
-        "            and self.connection.execute_wrappers[-1] is self\n"
-        "        )\n\n    def _begin_with",
-        "            and self.connection.execute_wrappers[-1] is self\n"
-        "        )\n\n    def _begin_with",
-        tests=("tests/transactions/test_savepoints.py",),
-        backends=(PG,),
-        what="the first savepoint sent with the BEGIN while Django logs queries",
     ),
     m(
         "X4",
@@ -579,10 +567,9 @@ MUTANTS: list[Mutant] = [
     m(
         "X7",
         "transactions/savepoints.py",
-        "            # A wrapper of the view's own, inside this one, sees the release as it "
-        "comes.\n            and self.connection.execute_wrappers[-1] is self\n",
-        "            # A wrapper of the view's own, inside this one, sees the release as it "
-        "comes.\n",
+        "return not self.connection.queries_logged and self.connection.execute_wrappers[-1] "
+        "is self\n",
+        "return not self.connection.queries_logged\n",
         tests=("tests/transactions/test_savepoints.py",),
         backends=(PG,),
         what="releases held from a wrapper the view installed inside the app's",
