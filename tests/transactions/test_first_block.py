@@ -170,3 +170,25 @@ def test_the_first_block_opens_the_transaction_psycopg_keeps_its_autocommit_flag
     assert seen == [(2, False)]  # INTRANS
     assert committed() == ["first", "last"]
     assert_fresh()
+
+
+def test_a_view_that_opens_a_block_first_on_a_server_defaulting_to_repeatable_read(
+    server_repeatable_read: Any,
+):
+    """The first block's ``BEGIN`` is the plain one psycopg would send: the transaction
+    takes the server's default isolation, as without the app, and the view commits once
+    with its completion."""
+    levels: list[str] = []
+
+    def look(request: object) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW transaction_isolation")
+            levels.append(cursor.fetchone()[0])
+
+    HOOKS["during_view"] = look
+    assert post("/first-block/block-then", str(uuid.uuid4())).status_code == 201
+    HOOKS.clear()
+    assert levels == ["repeatable read"]
+    assert committed() == ["first", "last"]
+    assert IdempotencyRecord.objects.get().state == "completed"
+    assert_fresh()
