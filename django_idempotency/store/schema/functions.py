@@ -89,7 +89,7 @@ RECORD_FILLFACTOR = 75
 #: operator's ``ALTER TABLE ... SET (...)`` on it carries forward, with
 #: :data:`RECORD_FILLFACTOR` unless it names a ``fillfactor`` of its own.
 _NEW_PARTITION_OPTIONS = f"""
-    SELECT coalesce(c.reloptions, '{{}}') INTO v_options FROM pg_inherits i
+    SELECT c.reloptions INTO v_options FROM pg_inherits i
     JOIN pg_class c ON c.oid = i.inhrelid
     WHERE i.inhparent = v_parent
       AND c.relname LIKE '{PARTITION_PREFIX.replace("_", "!_")}%' ESCAPE '!'
