@@ -5,7 +5,9 @@
 
 * PostgreSQL, partitioned record table (partitioned by ``sweep_after``, the day each
   record's window ends): creates the partitions of today and of every day a claim made
-  now may need (``MAX_RETENTION`` ahead, plus ``PARTITIONS_AHEAD`` days), then detaches
+  now may need (``MAX_RETENTION`` ahead, plus ``PARTITIONS_AHEAD`` days), makes every
+  session read the table's partitions again once they are attached
+  (``store.catalog.reload_partition_map``), then detaches
   and drops each day partition that ended before today, unless a record in it is still
   inside its window (``expires_at > now``: a takeover, a heartbeat or a late completion
   pushed it) or holds a live lease; such a day is kept (``held``) until the next run.
@@ -45,7 +47,7 @@ from django_idempotency.conf import conf
 from django_idempotency.models import IdempotencyRecord, OutboxMessage, OutboxState, RecordState
 from django_idempotency.retention import partitions
 from django_idempotency.store import clock
-from django_idempotency.store.catalog import is_partitioned
+from django_idempotency.store.catalog import is_partitioned, reload_partition_map
 from django_idempotency.store.clock import store_now
 from django_idempotency.store.routing import record_database
 from django_idempotency.store.schema.functions import SCHEMA_SWEEP_LOCK, SWEEP_LOCK
@@ -258,6 +260,10 @@ def _sweep_partitions(connection: BaseDatabaseWrapper, report: SweepReport) -> N
             continue
         if report.dry_run or partitions.ensure(connection, day):
             report.created.append(day)
+    if report.created and not report.dry_run and not connection.in_atomic_block:
+        # Once the attaches are committed: a session that built its map of partitions
+        # while one committed may have kept the map without it (reload_partition_map).
+        reload_partition_map(connection)
     for partition in existing:
         if partition.day >= report.cutoff.date():
             continue

@@ -12,10 +12,14 @@ migration reads it again.
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import NamedTuple
 
+from django.db import DatabaseError, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
+
+logger = logging.getLogger("django_idempotency")
 
 #: The record table (``IdempotencyRecord``'s).
 TABLE = "django_idempotency_record"
@@ -86,3 +90,63 @@ def forget() -> None:
     """Drop the cached table kinds (after a migration changed the table)."""
     with _kinds_lock:
         _kinds.clear()
+
+
+#: A change of nothing to the partitioned record table (a column's unset ``n_distinct``
+#: reset) that still sends the table's cache invalidation to every session. It takes
+#: SHARE UPDATE EXCLUSIVE on the table alone, which no claim, completion or read waits
+#: for; it waits at most 100 ms for a partition being attached or detached, and leaves
+#: the caller's ``lock_timeout`` as it was for the rest of its transaction.
+_RELOAD_PARTITION_MAP_SQL = f"""
+DO $fn$
+DECLARE
+    v_lock_timeout text := current_setting('lock_timeout');
+BEGIN
+    PERFORM set_config('lock_timeout', '100ms', true);
+    ALTER TABLE {TABLE} ALTER COLUMN sweep_after RESET (n_distinct);
+    PERFORM set_config('lock_timeout', v_lock_timeout, true);
+END
+$fn$
+"""
+
+#: Databases (alias) whose partition maps could not be reloaded: warned about once.
+_reload_failed: set[str] = set()
+
+
+def reload_partition_map(connection: BaseDatabaseWrapper) -> bool:
+    """Make every session, this one included, read the record table's partitions again.
+
+    A PostgreSQL session keeps a map of a partitioned table's partitions, built when
+    first needed and rebuilt when the table changes. A session that builds it while
+    another commits an ``ATTACH PARTITION`` can keep a map without the new partition
+    until the table's next change (PostgreSQL 15: sessions that connect during the
+    attach): its inserts into that day fail with "no partition ... found for row"
+    however often they are retried, and its reads skip the day's rows. A change of
+    nothing to the table makes every session rebuild its map. The claim calls this when
+    its insert finds no partition for a day whose partition exists; the sweeper after
+    it creates partitions.
+
+    Args:
+        connection: a PostgreSQL connection whose record table is partitioned. Runs in
+            its own transaction, or in a savepoint of the caller's.
+
+    Returns:
+        Whether the maps were invalidated. ``False`` when the role does not own the
+        table, or when a partition change held the table for more than 100 ms; the
+        first failure per database is logged as a warning (docs/retention.md).
+    """
+    try:
+        with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
+            cursor.execute(_RELOAD_PARTITION_MAP_SQL)
+    except DatabaseError as exc:
+        if connection.alias not in _reload_failed:
+            _reload_failed.add(connection.alias)
+            logger.warning(
+                "could not make sessions re-read the partitions of %s (%s): a session "
+                "that missed an attached partition fails to claim keys of its day until "
+                "the table changes again (docs/retention.md#partitions-and-sessions)",
+                TABLE,
+                exc,
+            )
+        return False
+    return True

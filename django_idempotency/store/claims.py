@@ -30,7 +30,7 @@ from django.db.models.functions import Greatest
 from django_idempotency.models import IdempotencyRecord, RecordState
 from django_idempotency.store import clock, presence
 from django_idempotency.store.catalog import forget as forget_table_kind
-from django_idempotency.store.catalog import is_partitioned
+from django_idempotency.store.catalog import is_partitioned, reload_partition_map
 from django_idempotency.store.isolation import (
     NOT_READ_COMMITTED,
     SERIALIZATION_FAILURE,
@@ -66,6 +66,15 @@ from django_idempotency.store.values import (
 
 #: SQLSTATE of "no partition of relation ... found for row" (check_violation).
 _NO_PARTITION = "23514"
+
+
+def _no_partition(exc: IntegrityError) -> bool:
+    """Whether ``exc`` is PostgreSQL's "no partition ... found for row".
+
+    A check violation that names no constraint: a CHECK constraint's names its own.
+    """
+    diag = getattr(exc.__cause__, "diag", None)
+    return sqlstate_of(exc) == _NO_PARTITION and not getattr(diag, "constraint_name", None)
 
 
 #: Attempts at "claim, or settle on the row we collided with" before answering 409.
@@ -201,9 +210,11 @@ def _insert(
                 row = cursor.fetchone()
                 columns = [column.name for column in cursor.description or ()]
         except IntegrityError as exc:
-            if sqlstate_of(exc) == _NO_PARTITION:
-                # Today's partition was attached by a concurrent claim after this
-                # statement planned its insert: the next round sees it.
+            if sql is PG_PARTITIONED_CLAIM_SQL and _no_partition(exc):
+                # The statement found (or made) the day's partition, but this session's
+                # map of partitions lacks it: attached by another session after the
+                # map was read. Read it again; the next round inserts.
+                reload_partition_map(connection)
                 return None, None
             raise
         except DatabaseError as exc:

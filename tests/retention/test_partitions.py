@@ -14,7 +14,7 @@ import threading
 import uuid
 
 import pytest
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
 from django_idempotency import exceptions, retention, store, testing
@@ -171,30 +171,47 @@ def test_a_new_partition_takes_the_storage_parameters_of_the_newest_one():
                 cursor.execute(f"DROP TABLE IF EXISTS {name}")
 
 
+def test_a_session_that_missed_an_attach_claims_on_the_new_partition():
+    """A session whose partition map predates a partition attached by another session
+    (here: its transaction claimed a key before the attach, and held its locks across
+    it) still claims a key whose window ends on that day: the claim refreshes the map
+    and inserts."""
+    far = 2100 * DAY  # later than any day another test makes
+    day = window_day(far)
+    name = partitions.partition_name(day)
+    runner = Runner()
+    try:
+        with transaction.atomic():
+            assert isinstance(claim(scope()), store.Claim)
+            runner.start(lambda: partitions.ensure(connections["default"], day))
+            assert runner.join() == [True]
+            with testing.travel(far):
+                won = claim(scope())
+            assert isinstance(won, store.Claim)
+            assert partition_of(won.record_id) == name
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP TABLE IF EXISTS {name}")
+
+
 def test_concurrent_claims_creating_one_missing_partition():
-    """Sixteen different keys on a day without a partition: all succeed, one table."""
+    """Sixteen different keys on a day without a partition, each from a session that
+    connects during the race: all are claimed, in one new partition. A session whose map
+    of partitions missed the attach reloads it (store.catalog.reload_partition_map)."""
     offset = 500 * DAY + 3600
     barrier = threading.Barrier(CLIENTS)
     runner = Runner()
 
     def contender():
         barrier.wait(10)
-        sc = scope()
-        for _round in range(4):  # with the last below: the store's five rounds
-            try:
-                return raw_claim(sc, FP, offset)
-            except IntegrityError as exc:
-                # The day was attached by a concurrent claim after this statement
-                # planned its insert (or while it waited for that claim's attach): the
-                # store claims again, up to its rounds, and a later round sees it.
-                assert exc.__cause__.sqlstate == "23514", exc
-        return raw_claim(sc, FP, offset)
+        return claim(scope())  # the thread's first statement: a new session
 
-    for _ in range(CLIENTS):
-        runner.start(contender)
-    results = runner.join()
-    assert all(r["won"] for r in results)
-    names = {partition_of(r["id"]) for r in results}
+    with testing.travel(offset):
+        for _ in range(CLIENTS):
+            runner.start(contender)
+        results = runner.join()
+    assert all(isinstance(r, store.Claim) for r in results), results
+    names = {partition_of(r.record_id) for r in results}
     assert names == {partitions.partition_name(window_day(offset))}
 
 
@@ -249,6 +266,10 @@ def test_concurrent_claims_straddling_midnight_execute_once(request):
         sc = scope()
         midnight = to_midnight()
         offsets = [midnight - 30 if n % 2 else midnight + 30 for n in range(CLIENTS)]
+        # The two days' partitions exist before the contenders connect: what this test
+        # is about is the scope's lock across midnight, not making partitions.
+        for offset in set(offsets):
+            partitions.ensure(connection, window_day(offset))
         barrier = threading.Barrier(CLIENTS)
         runner = Runner()
         for offset in offsets:

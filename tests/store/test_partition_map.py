@@ -1,0 +1,136 @@
+"""Reloading every session's map of the record table's partitions (PostgreSQL).
+
+``store.catalog.reload_partition_map`` is what a claim does when its insert finds no
+partition for a day whose partition exists, and what the sweeper does once it has
+attached new days. It must wait for no claim, completion or read, wait only briefly
+for a partition change, keep the caller's settings, and fail softly for a role that
+does not own the table. Real sessions, no mocks; no sleeps (lock timeouts end waits).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import uuid
+
+import pytest
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
+
+from django_idempotency import retention, store
+from django_idempotency.retention import partitions
+from django_idempotency.store import catalog, clock
+from django_idempotency.store.schema.tables import days_ahead
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+DAY = 86400.0
+
+
+def scope() -> store.Scope:
+    return store.Scope("auth.user:1", "POST /widgets", str(uuid.uuid4()))
+
+
+def other_session():
+    """A second connection to the test database, in a transaction of its own."""
+    other = connection.copy()
+    other.set_autocommit(False)
+    return other
+
+
+def lock_timeout() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW lock_timeout")
+        return cursor.fetchone()[0]
+
+
+def test_a_reload_waits_for_no_claim_in_flight():
+    """A transaction that inserted a claimed record and has not committed holds the
+    table in ROW EXCLUSIVE mode: the reload's SHARE UPDATE EXCLUSIVE does not wait."""
+    partitions.ensure(connection, (clock.store_now(connection) + dt.timedelta(days=1)).date())
+    other = other_session()
+    try:
+        with other.cursor() as cursor:
+            cursor.execute(
+                "INSERT INTO django_idempotency_record (principal, endpoint, key, "
+                "fingerprint, state, owner_token, lease_until, recovery_point, "
+                "response_headers, created_at, expires_at, sweep_after, request_path) "
+                "SELECT 'p', 'e', 'held', 'f', 'claimed', gen_random_uuid(), now(), '', "
+                "'[]', now(), now() + interval '1 day', now() + interval '1 day', ''"
+            )
+        assert catalog.reload_partition_map(connection) is True
+    finally:
+        other.rollback()
+        other.close()
+
+
+def test_a_reload_waits_only_briefly_for_a_partition_being_attached(caplog):
+    """An attach not yet committed holds the table: the reload gives up after its own
+    lock timeout, says so once, and the caller's ``lock_timeout`` is as it was."""
+    day = dt.date(2035, 1, 1) + dt.timedelta(days=uuid.uuid4().int % 1000)
+    other = other_session()
+    catalog._reload_failed.discard(connection.alias)
+    try:
+        assert partitions.ensure(other, day) is True  # uncommitted: holds the table
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL lock_timeout = '7s'")
+            with caplog.at_level(logging.WARNING, logger="django_idempotency"):
+                assert catalog.reload_partition_map(connection) is False
+                assert catalog.reload_partition_map(connection) is False
+            assert lock_timeout() == "7s"
+    finally:
+        other.rollback()
+        other.close()
+        catalog._reload_failed.discard(connection.alias)
+    warnings = [r for r in caplog.records if "re-read the partitions" in r.getMessage()]
+    assert len(warnings) == 1
+    assert catalog.reload_partition_map(connection) is True  # the attach is gone
+
+
+def test_a_reload_keeps_the_callers_lock_timeout():
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL lock_timeout = '3s'")
+        assert catalog.reload_partition_map(connection) is True
+        assert lock_timeout() == "3s"
+
+
+def test_a_role_that_does_not_own_the_table_cannot_reload_and_the_claim_still_answers():
+    """The reload needs the table's owner. A role with the rights claims need but not
+    ownership gets ``False`` from it, and its claims still work."""
+    role = f"idem_app_{uuid.uuid4().hex[:8]}"
+    # The claim's day exists, made by the owner: this role could not make it either.
+    partitions.ensure(connection, (clock.store_now(connection) + dt.timedelta(days=3)).date())
+    with connection.cursor() as cursor:
+        cursor.execute(f"CREATE ROLE {role} NOLOGIN")
+        cursor.execute(f"GRANT ALL ON ALL TABLES IN SCHEMA public TO {role}")
+        cursor.execute(f"GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {role}")
+    try:
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute(f"SET LOCAL ROLE {role}")
+            assert catalog.reload_partition_map(connection) is False
+            won = store.claim(scope(), "a" * 64, lease=30, retention=3 * DAY)
+            assert isinstance(won, store.Claim)
+            transaction.set_rollback(True)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP OWNED BY {role}")
+            cursor.execute(f"DROP ROLE {role}")
+
+
+def test_a_sweep_that_attaches_days_reloads_the_partition_maps_after_committing():
+    """A session that built its map while one of the sweeper's attaches committed may
+    have kept it without the new day: the sweep reloads every map once its attaches
+    are committed."""
+    furthest = clock.store_now(connection).date() + dt.timedelta(days=days_ahead())
+    with connection.cursor() as cursor:  # the sweep makes it again
+        cursor.execute(f"DROP TABLE IF EXISTS {partitions.partition_name(furthest)}")
+    with CaptureQueriesContext(connection) as queries:
+        report = retention.sweep()
+    assert furthest in report.created
+    sql = [q["sql"] for q in queries.captured_queries]
+    ensures = [n for n, s in enumerate(sql) if "django_idempotency_ensure_partition" in s]
+    reloads = [n for n, s in enumerate(sql) if "RESET (n_distinct)" in s]
+    assert len(reloads) == 1 and reloads[0] > max(ensures)
