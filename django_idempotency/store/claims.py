@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import time
 import uuid
 from typing import Any
 
@@ -75,6 +76,34 @@ def _no_partition(exc: IntegrityError) -> bool:
     """
     diag = getattr(exc.__cause__, "diag", None)
     return sqlstate_of(exc) == _NO_PARTITION and not getattr(diag, "constraint_name", None)
+
+
+#: Seconds after one process's reload of every session's partition map during which
+#: it sends no other, per database: one reload repairs every session whose map was
+#: built before it, and a day whose partition cannot be used (a table of its name left
+#: detached) must not make each of its claims send DDL.
+_RELOAD_INTERVAL = 1.0
+_reloaded_at: dict[str, float] = {}
+
+
+def _refresh_partition_map(connection: Any) -> None:
+    """Make every session's map of partitions include the claim's day before it retries.
+
+    In a transaction of its own, the session's map may have been built while the day
+    was being attached and kept without it (``catalog.reload_partition_map``): every
+    session's map is reloaded, at most once a second per process and database. Inside
+    a caller's transaction nothing is sent: the reload's lock would be held until that
+    transaction ends, stalling every attach, and the next round, in a new savepoint,
+    reads the attach already.
+    """
+    if not own_transaction(connection):
+        return
+    last = _reloaded_at.get(connection.alias)
+    if last is None or time.monotonic() - last >= _RELOAD_INTERVAL:
+        reload_partition_map(connection)
+        # Stamped when it is over: a claim that fails while it runs sends its own, as
+        # its session may have read its map before this reload committed.
+        _reloaded_at[connection.alias] = time.monotonic()
 
 
 #: Attempts at "claim, or settle on the row we collided with" before answering 409.
@@ -214,7 +243,7 @@ def _insert(
                 # The statement found (or made) the day's partition, but this session's
                 # map of partitions lacks it: attached by another session after the
                 # map was read. Read it again; the next round inserts.
-                reload_partition_map(connection)
+                _refresh_partition_map(connection)
                 return None, None
             raise
         except DatabaseError as exc:
