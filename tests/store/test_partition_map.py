@@ -158,6 +158,13 @@ def drop_days(*days: dt.date) -> None:
             cursor.execute(f"DROP TABLE IF EXISTS {partitions.partition_name(day)}")
 
 
+def own_day_made() -> None:
+    """Make the day of a claim with a 3-day window, outside the test's transaction: a
+    claim that made it inside would hold the table against every attach until the
+    transaction ends (docs/retention.md, limits)."""
+    partitions.ensure(connection, day_for(3 * DAY))
+
+
 def claim_statements(sql: list[str]) -> int:
     return sum("django_idempotency_claim(" in s for s in sql)
 
@@ -175,7 +182,8 @@ def claim_after_an_attach_in_this_transaction(window: float) -> tuple[object, li
     """In the caller's open transaction: a claim (the session now holds the table), a
     day attached by another session, then a claim whose window ends on that day. Run on
     a new session with the process-wide facts read again, so the first claim builds
-    the session's map of partitions."""
+    the session's map of partitions. The first claim's day exists beforehand (see
+    ``own_day_made``)."""
     assert isinstance(store.claim(scope(), FP, lease=30, retention=3 * DAY), store.Claim)
     attacher = Runner()
     attacher.start(lambda: partitions.ensure(connections["default"], day_for(window)))
@@ -191,6 +199,7 @@ def test_a_claim_in_a_transaction_that_missed_an_attach_holds_nothing_an_attach_
     session's claim on a new day, the sweeper) or deadlock with one."""
     window, other_window = far_window(2400), far_window(2400) + 400 * DAY
     runner = Runner()
+    own_day_made()
     connection.close()
     catalog.forget()
     try:
@@ -241,6 +250,7 @@ def test_a_day_whose_table_is_left_detached_costs_one_reload_a_second_not_one_a_
 def test_a_transaction_that_missed_an_attach_does_not_claim_a_key_held_on_that_day():
     window = far_window(4100)
     shared = scope()
+    own_day_made()
     connection.close()
     runner = Runner()
     try:
