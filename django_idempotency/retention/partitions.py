@@ -20,8 +20,7 @@ from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_idempotency.store import clock
-from django_idempotency.store.schema.functions import TABLE
-from django_idempotency.store.sql import PARTITION_PREFIX
+from django_idempotency.store.schema.functions import PARTITION_PREFIX, TABLE
 
 
 @dataclass(frozen=True)

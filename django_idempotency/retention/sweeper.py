@@ -260,7 +260,7 @@ def _sweep_partitions(connection: BaseDatabaseWrapper, report: SweepReport) -> N
             continue
         if report.dry_run or partitions.ensure(connection, day):
             report.created.append(day)
-    if report.created and not report.dry_run and not connection.in_atomic_block:
+    if report.created and not report.dry_run:
         # Once the attaches are committed: a session that built its map of partitions
         # while one committed may have kept the map without it (reload_partition_map).
         reload_partition_map(connection)

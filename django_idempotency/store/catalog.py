@@ -16,8 +16,10 @@ import logging
 import threading
 from typing import NamedTuple
 
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError
 from django.db.backends.base.base import BaseDatabaseWrapper
+
+from django_idempotency.store.isolation import own_transaction
 
 logger = logging.getLogger("django_idempotency")
 
@@ -95,16 +97,13 @@ def forget() -> None:
 #: A change of nothing to the partitioned record table (a column's unset ``n_distinct``
 #: reset) that still sends the table's cache invalidation to every session. It takes
 #: SHARE UPDATE EXCLUSIVE on the table alone, which no claim, completion or read waits
-#: for; it waits at most 100 ms for a partition being attached or detached, and leaves
-#: the caller's ``lock_timeout`` as it was for the rest of its transaction.
+#: for, and waits at most 100 ms for a partition being attached or detached (the
+#: setting ends with the statement's own transaction).
 _RELOAD_PARTITION_MAP_SQL = f"""
 DO $fn$
-DECLARE
-    v_lock_timeout text := current_setting('lock_timeout');
 BEGIN
     PERFORM set_config('lock_timeout', '100ms', true);
     ALTER TABLE {TABLE} ALTER COLUMN sweep_after RESET (n_distinct);
-    PERFORM set_config('lock_timeout', v_lock_timeout, true);
 END
 $fn$
 """
@@ -127,16 +126,21 @@ def reload_partition_map(connection: BaseDatabaseWrapper) -> bool:
     it creates partitions.
 
     Args:
-        connection: a PostgreSQL connection whose record table is partitioned. Runs in
-            its own transaction, or in a savepoint of the caller's.
+        connection: a PostgreSQL connection whose record table is partitioned. Only
+            outside a transaction of the caller's (autocommit, no atomic block): there
+            the change's lock would be held until that transaction ends, and every
+            attach would wait for it.
 
     Returns:
-        Whether the maps were invalidated. ``False`` when the role does not own the
-        table, or when a partition change held the table for more than 100 ms; the
-        first failure per database is logged as a warning (docs/retention.md).
+        Whether the maps were invalidated. ``False`` inside a caller's transaction
+        (nothing is sent), when the role does not own the table, or when a partition
+        change held the table for more than 100 ms; the first failure per database is
+        logged as a warning (docs/retention.md#partitions-and-sessions).
     """
+    if not own_transaction(connection):
+        return False
     try:
-        with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
+        with connection.cursor() as cursor:
             cursor.execute(_RELOAD_PARTITION_MAP_SQL)
     except DatabaseError as exc:
         if connection.alias not in _reload_failed:

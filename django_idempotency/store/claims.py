@@ -89,12 +89,10 @@ _reloaded_at: dict[str, float] = {}
 def _refresh_partition_map(connection: Any) -> None:
     """Make every session's map of partitions include the claim's day before it retries.
 
-    In a transaction of its own, the session's map may have been built while the day
-    was being attached and kept without it (``catalog.reload_partition_map``): every
-    session's map is reloaded, at most once a second per process and database. Inside
-    a caller's transaction nothing is sent: the reload's lock would be held until that
-    transaction ends, stalling every attach, and the next round, in a new savepoint,
-    reads the attach already.
+    The session's map may have been built while the day was being attached and kept
+    without it (``catalog.reload_partition_map``): every session's map is reloaded, at
+    most once a second per process and database. Inside a caller's transaction the
+    reload sends nothing; the next round, in a new savepoint, reads the attach already.
     """
     if not own_transaction(connection):
         return

@@ -10,8 +10,6 @@ from django_idempotency.store import clock
 
 _NOW = "(statement_timestamp() + %(clock_offset)s * interval '1 second')"
 _T = "django_idempotency_record"
-#: Partition names: ``PARTITION_PREFIX`` + ``YYYYMMDD`` (UTC day of ``sweep_after``).
-PARTITION_PREFIX = f"{_T}_p"
 #: The end of a new claim's retention window: never before its lease ends.
 _WINDOW_END = f"{_NOW} + GREATEST(%(retention)s, %(lease)s) * interval '1 second'"
 

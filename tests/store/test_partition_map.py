@@ -67,19 +67,17 @@ def test_a_reload_waits_for_no_claim_in_flight():
 
 def test_a_reload_waits_only_briefly_for_a_partition_being_attached(caplog):
     """An attach not yet committed holds the table: the reload gives up after its own
-    lock timeout, says so once, and the caller's ``lock_timeout`` is as it was."""
+    lock timeout, says so once, and the session's ``lock_timeout`` is as it was."""
     day = dt.date(2035, 1, 1) + dt.timedelta(days=uuid.uuid4().int % 1000)
     other = other_session()
     catalog._reload_failed.discard(connection.alias)
+    before = lock_timeout()
     try:
         assert partitions.ensure(other, day) is True  # uncommitted: holds the table
-        with transaction.atomic():
-            with connection.cursor() as cursor:
-                cursor.execute("SET LOCAL lock_timeout = '7s'")
-            with caplog.at_level(logging.WARNING, logger="django_idempotency"):
-                assert catalog.reload_partition_map(connection) is False
-                assert catalog.reload_partition_map(connection) is False
-            assert lock_timeout() == "7s"
+        with caplog.at_level(logging.WARNING, logger="django_idempotency"):
+            assert catalog.reload_partition_map(connection) is False
+            assert catalog.reload_partition_map(connection) is False
+        assert lock_timeout() == before
     finally:
         other.rollback()
         other.close()
@@ -89,12 +87,13 @@ def test_a_reload_waits_only_briefly_for_a_partition_being_attached(caplog):
     assert catalog.reload_partition_map(connection) is True  # the attach is gone
 
 
-def test_a_reload_keeps_the_callers_lock_timeout():
-    with transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute("SET LOCAL lock_timeout = '3s'")
-        assert catalog.reload_partition_map(connection) is True
-        assert lock_timeout() == "3s"
+def test_a_reload_sends_nothing_inside_a_callers_transaction():
+    """Its lock would stay until the caller's transaction ends, and every attach (another
+    session's claim making a day, the sweeper) would wait for it."""
+    with transaction.atomic(), CaptureQueriesContext(connection) as queries:
+        assert catalog.reload_partition_map(connection) is False
+        assert "ShareUpdateExclusiveLock" not in parent_lock_modes()
+    assert not any("RESET (n_distinct)" in q["sql"] for q in queries.captured_queries)
 
 
 def test_a_role_that_does_not_own_the_table_cannot_reload_and_the_claim_still_answers():
@@ -108,15 +107,14 @@ def test_a_role_that_does_not_own_the_table_cannot_reload_and_the_claim_still_an
         cursor.execute(f"GRANT ALL ON ALL TABLES IN SCHEMA public TO {role}")
         cursor.execute(f"GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {role}")
     try:
-        with transaction.atomic():
-            with connection.cursor() as cursor:
-                cursor.execute(f"SET LOCAL ROLE {role}")
-            assert catalog.reload_partition_map(connection) is False
-            won = store.claim(scope(), "a" * 64, lease=30, retention=3 * DAY)
-            assert isinstance(won, store.Claim)
-            transaction.set_rollback(True)
+        with connection.cursor() as cursor:
+            cursor.execute(f"SET ROLE {role}")
+        assert catalog.reload_partition_map(connection) is False
+        won = store.claim(scope(), "a" * 64, lease=30, retention=3 * DAY)
+        assert isinstance(won, store.Claim)
     finally:
         with connection.cursor() as cursor:
+            cursor.execute("RESET ROLE")
             cursor.execute(f"DROP OWNED BY {role}")
             cursor.execute(f"DROP ROLE {role}")
 

@@ -24,9 +24,13 @@ fenced completion, on the plain and the partitioned table alike.
 
 from __future__ import annotations
 
-from django_idempotency.store.sql import PARTITION_PREFIX, PRESENCE_SEED
+from django_idempotency.store.sql import PRESENCE_SEED
 
 TABLE = "django_idempotency_record"
+
+
+#: Partition names: ``PARTITION_PREFIX`` + ``YYYYMMDD`` (UTC day of ``sweep_after``).
+PARTITION_PREFIX = f"{TABLE}_p"
 
 
 #: First key of the two-integer advisory locks: the sweeper's lock (transaction-scoped) is
