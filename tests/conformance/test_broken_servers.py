@@ -1,0 +1,186 @@
+"""The conformance check against small servers over real HTTP: one correct, one per fault.
+
+Each server is a WSGI app on 127.0.0.1 (tests/support/conformance_servers.py). The
+correct one passes every check; each broken one fails the check that names its fault,
+with a message that says what is wrong, and passes the checks its fault does not touch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+from django_idempotency.conformance import Config, Report, run
+from tests.support.conformance_servers import KeyedOrders, WSGIApp, serve, strip_header
+
+ALICE = (("Authorization", "Token alice"),)
+BOB = (("Authorization", "Token bob"),)
+
+
+@contextmanager
+def checked(app: WSGIApp, **options: Any) -> Iterator[Report]:
+    """Run the check against ``app`` served on 127.0.0.1; yields the report."""
+    options = {
+        "body": b'{"item": "widget", "quantity": 2}',
+        "content_type": "application/json",
+        "headers": ALICE,
+        "other_headers": BOB,
+        "concurrency": 8,
+        "replay_delay": 0.0,
+        "in_flight_delay": 0.05,
+        **options,
+    }
+    with serve(app) as base:
+        effect = {"effect_url": f"{base}/count", "effect_field": "count"}
+        slow = {"slow_query": "slow=1"}
+        yield run(Config(url=f"{base}/orders", **{**effect, **slow, **options}))
+
+
+def failed(report: Report) -> set[str]:
+    return {r.name for r in report.failures}
+
+
+def test_a_conforming_endpoint_passes_every_check() -> None:
+    with checked(KeyedOrders()) as report:
+        pass
+
+    assert report.passed, report.table()
+    assert report.exit_code() == 0
+    assert {r.verdict for r in report.results} == {"pass"}, report.table()
+    assert report.result("concurrent-effects").observed == "moved by 1"
+    assert report.result("in-flight").observed.startswith("duplicate 409 [request-in-flight]")
+
+
+def test_a_cache_then_execute_middleware_is_caught_running_duplicates_twice() -> None:
+    with checked(KeyedOrders("cache_then_execute"), skip=frozenset({"in-flight"})) as report:
+        pass
+
+    assert failed(report) == {"concurrent-duplicates", "concurrent-effects"}, report.table()
+    duplicates = report.result("concurrent-duplicates")
+    assert "answered as first executions" in duplicates.detail
+    assert "the request ran more than once" in duplicates.detail
+    assert "claimed atomically before the handler runs" in duplicates.detail
+    assert report.result("concurrent-effects").detail.startswith(
+        "8 concurrent duplicates with one key took effect"
+    )
+    assert report.exit_code() == 1
+
+
+def test_replaying_another_principals_answer_is_caught() -> None:
+    with checked(KeyedOrders("shared_across_principals")) as report:
+        pass
+
+    assert failed(report) == {"principal-scoping"}, report.table()
+    scoping = report.result("principal-scoping")
+    assert "marked replayed" in scoping.observed
+    assert "second principal got the first principal's stored answer" in scoping.detail
+
+
+def test_a_second_principal_is_not_checked_without_its_credentials() -> None:
+    with checked(KeyedOrders("shared_across_principals"), other_headers=()) as report:
+        pass
+
+    assert report.result("principal-scoping").verdict == "skip"
+    assert report.result("principal-scoping").observed == "no second principal given"
+
+
+def test_a_replay_without_the_bodys_media_type_is_caught() -> None:
+    with checked(KeyedOrders("replay_drops_media_type")) as report:
+        pass
+
+    assert failed(report) == {"replay-headers"}, report.table()
+    headers = report.result("replay-headers")
+    assert headers.observed == "Content-Type: 'application/json' then '(absent)'"
+    assert "does not describe its body as the first answer did (Content-Type)" in headers.detail
+
+
+def test_a_500_for_a_bad_key_is_caught() -> None:
+    with checked(KeyedOrders("crash_on_bad_key")) as report:
+        pass
+
+    bad_keys = {"key-empty", "key-too-long", "key-non-ascii", "key-two-lines"}
+    assert failed(report) == bad_keys, report.table()
+    for name in bad_keys:
+        result = report.result(name)
+        assert result.observed == "500"
+        assert "a client mistake answered as a server error" in result.detail
+    assert report.result("key-missing").verdict == "pass"
+
+
+def test_a_proxy_that_strips_the_header_is_caught() -> None:
+    with checked(strip_header(KeyedOrders()), skip=frozenset({"in-flight"})) as report:
+        pass
+
+    assert "concurrent-duplicates" in failed(report), report.table()
+    detail = report.result("concurrent-duplicates").detail
+    assert detail.startswith("every request was refused (400 [missing-key] x 8)")
+    assert "the Idempotency-Key header does not reach the application" in detail
+    assert "strips it" in detail
+    assert report.result("replay-marker").verdict == "fail"
+
+
+def test_a_duplicate_held_until_the_original_finishes_is_caught() -> None:
+    with checked(KeyedOrders("blocks_duplicates")) as report:
+        pass
+
+    assert failed(report) == {"in-flight"}, report.table()
+    assert "held until the original finished" in report.result("in-flight").detail
+    assert "a blocked connection" in report.result("in-flight").detail
+
+
+def test_an_endpoint_whose_handler_is_not_slow_leaves_in_flight_inconclusive() -> None:
+    with checked(strip_header(KeyedOrders()), skip=frozenset()) as report:
+        pass
+
+    in_flight = report.result("in-flight")
+    assert in_flight.verdict == "warn"
+    assert "before the duplicate was sent" in in_flight.observed
+    assert "inconclusive" in in_flight.detail
+
+
+def test_without_an_effect_counter_the_effect_checks_are_not_run() -> None:
+    with serve(KeyedOrders()) as base:
+        report = run(
+            Config(
+                url=f"{base}/orders",
+                body=b"{}",
+                content_type="application/json",
+                headers=ALICE,
+                concurrency=4,
+                replay_delay=0.0,
+            )
+        )
+
+    assert report.passed, report.table()
+    assert report.result("concurrent-effects").verdict == "skip"
+    assert report.result("replay-effects").verdict == "skip"
+    assert report.result("in-flight").verdict == "skip"
+
+
+def test_an_optional_key_endpoint_is_not_sent_an_unkeyed_request() -> None:
+    app = KeyedOrders()
+    with checked(app, key_required=False, skip=frozenset({"in-flight"})) as report:
+        pass
+
+    assert report.result("key-missing").verdict == "skip"
+    assert "optional" in report.result("key-missing").observed
+    assert report.passed, report.table()
+
+
+@pytest.mark.parametrize("fault", ["", "crash_on_bad_key"])
+def test_the_run_sends_no_more_than_it_plans(fault: str) -> None:
+    with checked(KeyedOrders(*filter(None, [fault]))) as report:
+        pass
+
+    config_plan = Config(
+        url="http://127.0.0.1/orders",
+        headers=ALICE,
+        other_headers=BOB,
+        concurrency=8,
+        effect_url="http://127.0.0.1/count",
+        slow_query="slow=1",
+    ).planned_requests()
+    assert 0 < report.requests_sent <= config_plan
