@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -21,7 +22,12 @@ from django_idempotency.conformance.report import CheckResult, Report
 from django_idempotency.conformance.traffic import BudgetExhausted, EffectCounterError, Sender
 
 
-def run(config: Config, *, transport: httpx.BaseTransport | None = None) -> Report:
+def run(
+    config: Config,
+    *,
+    transport: httpx.BaseTransport | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> Report:
     """Check the endpoint of ``config``; return the report (never raises for the endpoint).
 
     The checks run one after the other, in the order of
@@ -34,10 +40,12 @@ def run(config: Config, *, transport: httpx.BaseTransport | None = None) -> Repo
         config: the endpoint, its request and the limits.
         transport: an httpx transport (tests: ``httpx.WSGITransport`` or a mock);
             ``None``: the network.
+        clock: the run's clock, seconds (default ``time.monotonic``): its deadline and
+            the timing of each answer.
     """
-    started = time.monotonic()
+    started = clock()
     report = Report(config.url, config.method)
-    sender = Sender(config, transport=transport)
+    sender = Sender(config, transport=transport, clock=clock)
     probe = Probe(config, sender)
     try:
         safe_method(probe)
@@ -60,7 +68,7 @@ def run(config: Config, *, transport: httpx.BaseTransport | None = None) -> Repo
         report.error = f"the endpoint never answered: {exchanges[0].error}"
     report.results = _in_order(probe.results, stopped=bool(report.error))
     report.requests_sent = sender.sent
-    report.seconds = time.monotonic() - started
+    report.seconds = clock() - started
     return report
 
 

@@ -12,7 +12,7 @@ import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import httpx
@@ -105,16 +105,24 @@ class Sender:
         config: the run; its ``url``, ``slow_url`` and ``effect_url`` are the only
             URLs requests may go to.
         transport: an httpx transport (tests); ``None``: the network.
+        clock: seconds from an arbitrary origin (default ``time.monotonic``); the
+            deadline and the exchanges' times are read from it.
 
     Raises (from :meth:`send`):
         BudgetExhausted: the cap or the deadline is reached.
         ForbiddenURL: the URL is not one of the run's.
     """
 
-    def __init__(self, config: Config, transport: httpx.BaseTransport | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        transport: httpx.BaseTransport | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.config = config
+        self.clock = clock
         self.allowed = {u for u in (config.url, config.slow_url, config.effect_url) if u}
-        self.deadline = time.monotonic() + config.time_budget
+        self.deadline = clock() + config.time_budget
         self.sent = 0
         self.exchanges: list[Exchange] = []
         self._lock = threading.Lock()
@@ -129,7 +137,7 @@ class Sender:
 
     def remaining(self) -> float:
         """Seconds left in the time budget."""
-        return self.deadline - time.monotonic()
+        return self.deadline - self.clock()
 
     def send(
         self,
@@ -172,13 +180,17 @@ class Sender:
         lines.extend(headers)
         with self._lock:
             timeout = min(self.config.timeout, self.remaining())
-            if self.sent >= self.config.max_requests or timeout <= 0:
+            if self.sent >= self.config.max_requests:
                 raise BudgetExhausted(
-                    f"stopped at {self.sent} requests after the cap of "
-                    f"{self.config.max_requests} requests or {self.config.time_budget:.0f} s"
+                    f"stopped after {self.sent} requests: the cap of {self.config.max_requests}"
+                )
+            if timeout <= 0:
+                raise BudgetExhausted(
+                    f"stopped after {self.sent} requests: the time budget of "
+                    f"{self.config.time_budget:g} s ran out"
                 )
             self.sent += 1
-        exchange = Exchange(label, method, url, started=time.monotonic())
+        exchange = Exchange(label, method, url, started=self.clock())
         try:
             response = self.http.request(
                 method, url, headers=_encoded(lines), content=body or None, timeout=timeout
@@ -189,7 +201,7 @@ class Sender:
             exchange.status = response.status_code
             exchange.headers = response.headers
             exchange.body = response.content
-        exchange.finished = time.monotonic()
+        exchange.finished = self.clock()
         with self._lock:
             self.exchanges.append(exchange)
         return exchange
