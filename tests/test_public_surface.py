@@ -136,6 +136,16 @@ NAMES: dict[str, tuple[str, ...]] = {
         "problem_slug",
         "verdict",
     ),
+    "django_idempotency.conformance": (
+        "CHECK_NAMES",
+        "CheckResult",
+        "Config",
+        "ConfigError",
+        "NonConformance",
+        "Report",
+        "assert_conforms",
+        "run",
+    ),
 }
 
 #: The keys of the ``IDEMPOTENCY`` setting (docs/configuration.md).

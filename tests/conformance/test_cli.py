@@ -7,9 +7,11 @@ JSON for CI; it imports no Django.
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -122,6 +124,16 @@ def test_list_checks_runs_as_a_module_without_django() -> None:
 
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == list(CHECK_NAMES)
+
+
+def test_the_console_script_runs_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    module, function = scripts["idempotency-conformance"].split(":")
+
+    entry_point = getattr(importlib.import_module(module), function)
+
+    assert entry_point(["--list-checks"]) == 0
+    assert capsys.readouterr().out.split() == list(CHECK_NAMES)
 
 
 def test_importing_the_check_loads_no_django() -> None:
