@@ -89,6 +89,13 @@ def concurrent_duplicates(probe: Probe) -> None:
     elif len(firsts) > 1 and all(a.status is not None and a.status >= 400 for a in firsts):
         verdict = "fail"
         detail = f"every request was refused ({_statuses(firsts)})." + _stripped_hint(firsts)
+    elif len(firsts) > 1 and _alike(firsts) and effect_delta(before, after) == 1:
+        verdict = "fail"
+        detail = (
+            f"{len(firsts)} of {n} answers are alike and none is marked as a replay; the "
+            "effect counter moved by 1, so the request ran once: the replays lack "
+            "Idempotent-Replayed: true, and a client cannot tell them from executions."
+        )
     elif len(firsts) > 1:
         verdict = "fail"
         detail = (
@@ -129,6 +136,11 @@ def concurrent_duplicates(probe: Probe) -> None:
         f"{n} concurrent duplicates with one key took effect {count(delta)} times, not once"
         + (" (or it is not counted by the time the answer is sent)." if delta == 0 else "."),
     )
+
+
+def _alike(answers: list[Exchange]) -> bool:
+    """Every answer has the first one's status and body bytes."""
+    return all((a.status, a.body) == (answers[0].status, answers[0].body) for a in answers)
 
 
 def _statuses(answers: list[Exchange]) -> str:

@@ -184,3 +184,37 @@ def test_the_run_sends_no_more_than_it_plans(fault: str) -> None:
         slow_query="slow=1",
     ).planned_requests()
     assert 0 < report.requests_sent <= config_plan
+
+
+@pytest.mark.parametrize(
+    ("fault", "caught_by", "says"),
+    [
+        ("ignores_body", {"key-reused"}, "the first request's answer was replayed to a different"),
+        ("replays_cookies", {"replay-per-exchange"}, "repeats the first exchange's Set-Cookie"),
+        ("no_retry_after", {"retry-after-on-409"}, "without a usable Retry-After"),
+        ("plain_json_errors", {"problem-json"}, "key-empty (400), key-missing (400)"),
+        ("keys_on_safe_methods", {"safe-method"}, "the key must be ignored on safe methods"),
+    ],
+)
+def test_each_other_broken_promise_is_caught_by_its_check(
+    fault: str, caught_by: set[str], says: str
+) -> None:
+    with checked(KeyedOrders(fault)) as report:
+        pass
+
+    assert failed(report) == caught_by, report.table()
+    check = next(iter(caught_by))
+    assert says in report.result(check).detail
+    assert f"FAIL {check}: " in report.table()
+
+
+def test_unmarked_replays_of_one_execution_are_told_apart_from_executions() -> None:
+    with checked(KeyedOrders("no_replay_marker")) as report:
+        pass
+
+    assert failed(report) == {"concurrent-duplicates", "replay-marker"}, report.table()
+    detail = report.result("concurrent-duplicates").detail
+    assert "the effect counter moved by 1, so the request ran once" in detail
+    assert "the replays lack Idempotent-Replayed: true" in detail
+    assert "does not say it is a replay" in report.result("replay-marker").detail
+    assert report.result("concurrent-effects").verdict == "pass"

@@ -10,7 +10,13 @@ counter. Each ``broken`` flag breaks it in one way a real deployment can:
 * ``shared_across_principals``: answers stored by key alone, replayed to anyone;
 * ``replay_drops_media_type``: the replay loses its ``Content-Type``;
 * ``crash_on_bad_key``: a key it cannot parse is a 500;
-* ``blocks_duplicates``: a duplicate in flight waits for the original, then replays.
+* ``blocks_duplicates``: a duplicate in flight waits for the original, then replays;
+* ``ignores_body``: the same key with another body gets the first answer;
+* ``no_replay_marker``, ``replays_cookies``: the replay lacks ``Idempotent-Replayed``,
+  or repeats the first answer's ``Set-Cookie`` and ``X-Request-Id``;
+* ``no_retry_after``, ``plain_json_errors``: a 409 without ``Retry-After``; errors as
+  ``application/json``;
+* ``keys_on_safe_methods``: a GET with an invalid key is refused.
 
 :func:`strip_header` is a proxy in front of any of them that removes the header.
 :func:`serve` runs a WSGI app on 127.0.0.1 in a thread (wsgiref, one thread per request).
@@ -34,6 +40,8 @@ Environ = dict[str, Any]
 StartResponse = Callable[..., Any]
 WSGIApp = Callable[[Environ, StartResponse], Iterable[bytes]]
 
+Answer = tuple[str, list[tuple[str, str]], bytes]
+
 PROBLEM = "application/problem+json"
 MAX_KEY = 255
 #: Seconds a slow handler (``?slow=1``) or a barrier waits at most; never reached in a pass.
@@ -48,12 +56,6 @@ class Stored:
     status: str = ""
     headers: list[tuple[str, str]] = field(default_factory=list)
     body: bytes = b""
-
-
-def _problem(status: str, slug: str, detail: str, **headers: str) -> tuple[str, list, bytes]:
-    body = {"type": f"tag:test,2026:problems#{slug}", "title": slug, "status": int(status[:3])}
-    body["detail"] = detail
-    return status, [("Content-Type", PROBLEM), *headers.items()], json.dumps(body).encode()
 
 
 class KeyedOrders:
@@ -77,7 +79,7 @@ class KeyedOrders:
         start_response(status, headers)
         return [body]
 
-    def handle(self, environ: Environ) -> tuple[str, list, bytes]:
+    def handle(self, environ: Environ) -> Answer:
         path, method = environ["PATH_INFO"], environ["REQUEST_METHOD"]
         if path == "/count":
             return (
@@ -88,23 +90,28 @@ class KeyedOrders:
         if path != "/orders":
             return "404 Not Found", [("Content-Type", "text/plain")], b"not found"
         if method == "GET":
+            key = environ.get("HTTP_IDEMPOTENCY_KEY")
+            if key is not None and "keys_on_safe_methods" in self.broken and self.key_error(key):
+                return self.problem("400 Bad Request", "invalid-key", self.key_error(key))
             return "200 OK", [("Content-Type", "application/json")], b"[]"
         length = int(environ.get("CONTENT_LENGTH") or 0)
         body = environ["wsgi.input"].read(length) if length else b""
         principal = environ.get("HTTP_AUTHORIZATION", "")
         if not principal:
-            return _problem("401 Unauthorized", "no-principal", "authenticate")
+            return self.problem("401 Unauthorized", "no-principal", "authenticate")
         raw = environ.get("HTTP_IDEMPOTENCY_KEY")
         if raw is None:
-            return _problem("400 Bad Request", "missing-key", "this endpoint needs a key")
+            return self.problem("400 Bad Request", "missing-key", "this endpoint needs a key")
         wrong = self.key_error(raw)
         if wrong:
             if "crash_on_bad_key" in self.broken:
                 return "500 Internal Server Error", [("Content-Type", "text/plain")], b"oops"
-            return _problem("400 Bad Request", "invalid-key", wrong)
+            return self.problem("400 Bad Request", "invalid-key", wrong)
         fingerprint = hashlib.sha256(
             environ.get("CONTENT_TYPE", "").encode() + b"\0" + body
         ).hexdigest()
+        if "ignores_body" in self.broken:
+            fingerprint = ""
         scope = ("", raw) if "shared_across_principals" in self.broken else (principal, raw)
         if "cache_then_execute" in self.broken:
             return self.cache_then_execute(scope, fingerprint, environ, body)
@@ -122,6 +129,14 @@ class KeyedOrders:
         record.done.set()
         return answer
 
+    def problem(self, status: str, slug: str, detail: str, **headers: str) -> Answer:
+        body = {"type": f"tag:test,2026:problems#{slug}", "title": slug, "status": int(status[:3])}
+        body["detail"] = detail
+        media_type = "application/json" if "plain_json_errors" in self.broken else PROBLEM
+        if "no_retry_after" in self.broken:
+            headers.pop("Retry-After", None)
+        return status, [("Content-Type", media_type), *headers.items()], json.dumps(body).encode()
+
     @staticmethod
     def key_error(raw: str) -> str:
         key = raw.strip()
@@ -135,33 +150,37 @@ class KeyedOrders:
             return "the header was sent twice"
         return ""
 
-    def answer_duplicate(self, record: Stored, fingerprint: str) -> tuple[str, list, bytes]:
+    def answer_duplicate(self, record: Stored, fingerprint: str) -> Answer:
         if record.fingerprint != fingerprint:
-            return _problem("422 Unprocessable Content", "key-reused", "another request")
+            return self.problem("422 Unprocessable Content", "key-reused", "another request")
         if not record.done.is_set() and "blocks_duplicates" in self.broken:
             record.duplicate.set()
             record.done.wait(WAIT_LIMIT)
         if not record.done.is_set():
-            answer = _problem(
+            answer = self.problem(
                 "409 Conflict", "request-in-flight", "in flight", **{"Retry-After": "1"}
             )
             record.duplicate.set()
             return answer
         return self.replay(record)
 
-    def replay(self, record: Stored) -> tuple[str, list, bytes]:
-        headers = [(n, v) for n, v in record.headers if n not in ("Set-Cookie", "X-Request-Id")]
+    def replay(self, record: Stored) -> Answer:
+        headers = record.headers
+        if "replays_cookies" not in self.broken:
+            headers = [(n, v) for n, v in headers if n not in ("Set-Cookie", "X-Request-Id")]
         if "replay_drops_media_type" in self.broken:
             headers = [(n, v) for n, v in headers if n != "Content-Type"]
-        return record.status, [*headers, ("Idempotent-Replayed", "true")], record.body
+        if "no_replay_marker" not in self.broken:
+            headers = [*headers, ("Idempotent-Replayed", "true")]
+        return record.status, headers, record.body
 
     def cache_then_execute(
         self, scope: tuple[str, str], fingerprint: str, environ: Environ, body: bytes
-    ) -> tuple[str, list, bytes]:
+    ) -> Answer:
         record = self.records.get(scope)
         if record is not None and record.done.is_set():
             if record.fingerprint != fingerprint:
-                return _problem("422 Unprocessable Content", "key-reused", "another request")
+                return self.problem("422 Unprocessable Content", "key-reused", "another request")
             return self.replay(record)
         stored = Stored(fingerprint)
         answer = self.execute(environ, body, stored)
@@ -170,7 +189,7 @@ class KeyedOrders:
         self.records[scope] = stored
         return answer
 
-    def execute(self, environ: Environ, body: bytes, record: Stored) -> tuple[str, list, bytes]:
+    def execute(self, environ: Environ, body: bytes, record: Stored) -> Answer:
         """The handler: one effect, a 201 with a new order, a cookie and a request id."""
         if self.pair is not None:
             with contextlib.suppress(threading.BrokenBarrierError):
