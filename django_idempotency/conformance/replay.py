@@ -190,7 +190,8 @@ def principal_scoping(probe: Probe, first: tuple[Exchange, str] | None) -> None:
     )
     observed = answer.summary() + (", marked replayed" if answer.replayed else "")
     executed = first_answer.status is not None and first_answer.status < 400
-    if answer.replayed or (executed and first_answer.body and answer.body == first_answer.body):
+    same_body = bool(first_answer.body) and answer.body == first_answer.body
+    if answer.replayed or (executed and same_body):
         probe.add(
             "principal-scoping",
             expected,

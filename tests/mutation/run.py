@@ -1982,6 +1982,80 @@ MUTANTS: list[Mutant] = [
         ),
         what="the relay task goes on delivering past its soft time limit",
     ),
+    # conformance/: the check of a live endpoint stays within its URLs and bounds, and
+    # each check catches the fault it names
+    m(
+        "CF1",
+        "conformance/traffic.py",
+        "        if url not in self.allowed:\n",
+        "        if False:\n",
+        tests=("tests/conformance/test_cli.py::test_a_request_to_another_url_is_never_sent",),
+        backends=(SQLITE,),
+        what="the conformance check sends to a URL it was not given",
+    ),
+    m(
+        "CF2",
+        "conformance/traffic.py",
+        "            if self.sent >= self.config.max_requests:\n",
+        "            if False:\n",
+        tests=("tests/conformance/test_cli.py::test_no_request_is_sent_past_the_cap",),
+        backends=(SQLITE,),
+        what="the conformance check sends past its request cap",
+    ),
+    m(
+        "CF3",
+        "conformance/traffic.py",
+        "            if timeout <= 0:\n",
+        "            if False:\n",
+        tests=("tests/conformance/test_cli.py::test_a_run_past_its_time_budget_stops_and_exits_2",),
+        backends=(SQLITE,),
+        what="the conformance check sends past its time budget",
+    ),
+    m(
+        "CF4",
+        "conformance/duplicates.py",
+        "    elif len(firsts) > 1:\n",
+        "    elif False:\n",
+        tests=(
+            "tests/conformance/test_broken_servers.py::"
+            "test_a_cache_then_execute_middleware_is_caught_running_duplicates_twice",
+        ),
+        backends=(SQLITE,),
+        what="concurrent duplicates that all ran pass the conformance check",
+    ),
+    m(
+        "CF5",
+        "conformance/replay.py",
+        "    if answer.replayed or (executed and same_body):\n",
+        "    if False:\n",
+        tests=(
+            "tests/conformance/test_broken_servers.py::"
+            "test_replaying_another_principals_answer_is_caught",
+        ),
+        backends=(SQLITE,),
+        what="a replay to another principal passes the conformance check",
+    ),
+    m(
+        "CF6",
+        "conformance/keys.py",
+        "        elif status is None or status >= 500:\n",
+        "        elif False:\n",
+        tests=("tests/conformance/test_broken_servers.py::test_a_500_for_a_bad_key_is_caught",),
+        backends=(SQLITE,),
+        what="a 500 for a bad key passes the conformance check",
+    ),
+    m(
+        "CF7",
+        "conformance/replay.py",
+        "        if a != b:\n",
+        "        if False:\n",
+        tests=(
+            "tests/conformance/test_broken_servers.py::"
+            "test_a_replay_without_the_bodys_media_type_is_caught",
+        ),
+        backends=(SQLITE,),
+        what="a replay without its Content-Type passes the conformance check",
+    ),
 ]
 
 
