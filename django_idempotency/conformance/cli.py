@@ -97,9 +97,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--quick", type=float, default=1.0, help="most seconds for the in-flight 409 (1)"
     )
-    p.add_argument(
-        "--replay-delay", type=float, default=1.0, help="most seconds to wait before a replay (1)"
-    )
+    p.add_argument("--replay-delay", type=float, default=1.0, help="seconds before the replay (1)")
     p.add_argument(
         "--skip", action="append", default=[], choices=CHECK_NAMES, help="a check not to run"
     )

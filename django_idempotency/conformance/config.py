@@ -85,7 +85,8 @@ class Config:
             as it is).
         in_flight_delay: seconds between the original and its duplicate in ``in-flight``.
         in_flight_quick: the most seconds the duplicate's 409 may take in ``in-flight``.
-        replay_delay: the most seconds to wait before a replay so its ``Date`` can differ.
+        replay_delay: seconds to wait before the replay when the first answer has a
+            ``Date``, so that a repeated ``Date`` shows (under 1: ``Date`` is not judged).
         skip: names of checks not to run.
     """
 

@@ -10,7 +10,8 @@ from django_idempotency.conformance.traffic import KEY_PREFIX, HeaderList, new_k
 
 def bad_keys(probe: Probe) -> list[tuple[str, str, HeaderList]]:
     """The ``key-*`` cases: name, what is wrong, and the header lines sent."""
-    long_key = KEY_PREFIX + "x" * (probe.config.max_key_length + 1 - len(KEY_PREFIX))
+    too_long = probe.config.max_key_length + 1
+    long_key = (KEY_PREFIX + "x" * too_long)[:too_long]
     return [
         ("key-missing", "no Idempotency-Key", []),
         ("key-empty", "an empty Idempotency-Key", [(HEADER, "")]),

@@ -53,6 +53,8 @@ class Exchange:
         started: ``time.monotonic()`` when the request was sent.
         finished: ``time.monotonic()`` when the answer (or the error) came.
         error: the transport error, if any.
+        sent_at: wall-clock time (``time.time()``) when the request was sent.
+        received_at: wall-clock time when the answer (or the error) came.
     """
 
     label: str
@@ -64,6 +66,8 @@ class Exchange:
     started: float = 0.0
     finished: float = 0.0
     error: str | None = None
+    sent_at: float = 0.0
+    received_at: float = 0.0
 
     @property
     def elapsed(self) -> float:
@@ -190,7 +194,7 @@ class Sender:
                     f"{self.config.time_budget:g} s ran out"
                 )
             self.sent += 1
-        exchange = Exchange(label, method, url, started=self.clock())
+        exchange = Exchange(label, method, url, started=self.clock(), sent_at=time.time())
         try:
             response = self.http.request(
                 method, url, headers=_encoded(lines), content=body or None, timeout=timeout
@@ -201,7 +205,7 @@ class Sender:
             exchange.status = response.status_code
             exchange.headers = response.headers
             exchange.body = response.content
-        exchange.finished = self.clock()
+        exchange.finished, exchange.received_at = self.clock(), time.time()
         with self._lock:
             self.exchanges.append(exchange)
         return exchange

@@ -208,6 +208,22 @@ def test_each_other_broken_promise_is_caught_by_its_check(
     assert f"FAIL {check}: " in report.table()
 
 
+def test_a_replayed_date_is_caught_a_second_later() -> None:
+    with checked(KeyedOrders("replays_date"), replay_delay=1.0) as report:
+        pass
+
+    assert failed(report) == {"replay-per-exchange"}, report.table()
+    assert report.result("replay-per-exchange").observed == "repeated: Date"
+    assert "the moment" in report.result("replay-per-exchange").detail
+
+
+def test_a_date_is_not_judged_within_one_second() -> None:
+    with checked(KeyedOrders("replays_date"), replay_delay=0.0) as report:
+        pass
+
+    assert report.result("replay-per-exchange").verdict == "skip", report.table()
+
+
 def test_unmarked_replays_of_one_execution_are_told_apart_from_executions() -> None:
     with checked(KeyedOrders("no_replay_marker")) as report:
         pass

@@ -167,7 +167,12 @@ def test_the_check_says_what_to_install_without_httpx() -> None:
 def test_the_run_sends_exactly_the_documented_requests() -> None:
     with orders() as (base, seen):
         report = run(
-            Config(url=f"{base}/orders", headers=(("Authorization", "Token a"),), concurrency=4)
+            Config(
+                url=f"{base}/orders",
+                headers=(("Authorization", "Token a"),),
+                concurrency=4,
+                replay_delay=0.0,
+            )
         )
 
     assert report.passed, report.table()
@@ -229,12 +234,18 @@ def test_a_run_past_its_time_budget_stops_and_exits_2() -> None:
     assert report.result("key-missing").observed == "not run: the run stopped"
 
 
-def test_effects_counted_by_a_command(capsys: pytest.CaptureFixture[str]) -> None:
-    with orders("cache_then_execute") as (base, _):
-        reader = (
-            f'{sys.executable} -c "import json, urllib.request; '
-            f"print(json.load(urllib.request.urlopen('{base}/count'))['count'])\""
-        )
+def test_effects_counted_by_a_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    app = KeyedOrders("cache_then_execute")
+    counter = tmp_path / "orders.count"
+    counter.write_text("0")
+
+    def counting(environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
+        answer = app(environ, start_response)
+        counter.write_text(str(app.executions))  # what a database count would read
+        return answer
+
+    with serve(counting) as base:
+        reader = f"cat {counter}"
         code = main(
             cli(f"{base}/orders", "--json", BODY, "--effect-command", reader, "--skip", "in-flight")
         )
@@ -263,3 +274,21 @@ def test_assert_conforms_raises_with_the_table_for_a_broken_endpoint() -> None:
 def test_assert_conforms_refuses_an_unbounded_run() -> None:
     with pytest.raises(ConfigError, match="N must be 2 to 200"):
         assert_conforms("http://127.0.0.1:9/orders", concurrency=10_000)
+
+
+def test_an_effect_counter_that_gives_no_number_stops_the_run() -> None:
+    with serve(KeyedOrders()) as base:
+        report = run(
+            Config(
+                url=f"{base}/orders",
+                headers=(("Authorization", "Token a"),),
+                effect_url=f"{base}/nowhere",
+                concurrency=2,
+            )
+        )
+
+    assert report.exit_code() == 2
+    assert report.error == (
+        "the effect counter failed: the effect URL answered 404, not 200 and a number"
+    )
+    assert report.result("concurrent-duplicates").observed == "not run: the run stopped"

@@ -14,6 +14,7 @@ counter. Each ``broken`` flag breaks it in one way a real deployment can:
 * ``ignores_body``: the same key with another body gets the first answer;
 * ``no_replay_marker``, ``replays_cookies``: the replay lacks ``Idempotent-Replayed``,
   or repeats the first answer's ``Set-Cookie`` and ``X-Request-Id``;
+* ``replays_date``: the handler sets ``Date`` itself, and the replay repeats it;
 * ``no_retry_after``, ``plain_json_errors``: a 409 without ``Retry-After``; errors as
   ``application/json``;
 * ``keys_on_safe_methods``: a GET with an invalid key is refused.
@@ -32,6 +33,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from email.utils import formatdate
 from socketserver import ThreadingMixIn
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
@@ -201,16 +203,15 @@ class KeyedOrders:
             self.executions += 1
             number = self.executions
         payload = json.dumps({"id": number, "request": body.decode("utf-8", "replace")})
-        return (
-            "201 Created",
-            [
-                ("Content-Type", "application/json"),
-                ("Location", f"/orders/{number}"),
-                ("Set-Cookie", f"session={uuid.uuid4().hex}"),
-                ("X-Request-Id", uuid.uuid4().hex),
-            ],
-            payload.encode(),
-        )
+        headers = [
+            ("Content-Type", "application/json"),
+            ("Location", f"/orders/{number}"),
+            ("Set-Cookie", f"session={uuid.uuid4().hex}"),
+            ("X-Request-Id", uuid.uuid4().hex),
+        ]
+        if "replays_date" in self.broken:  # a Date of its own, stored and replayed
+            headers = [*headers[:2], ("Date", formatdate(usegmt=True))]
+        return "201 Created", headers, payload.encode()
 
 
 def strip_header(app: WSGIApp, name: str = "HTTP_IDEMPOTENCY_KEY") -> WSGIApp:
