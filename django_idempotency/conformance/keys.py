@@ -76,7 +76,7 @@ def safe_method(probe: Probe) -> None:
     method = config.safe_method or "GET"
     expected = f"{method} answers alike with any key, never a replay"
     if not config.runs("safe-method"):
-        probe.add("safe-method", expected, "", "skip")
+        probe.add("safe-method", expected, "no safe method given (--safe-method '')", "skip")
         return
     key = new_key()
     answers = [
