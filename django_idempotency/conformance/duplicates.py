@@ -78,48 +78,7 @@ def concurrent_duplicates(probe: Probe) -> None:
     )
     if broken:
         observed += f", {len(broken)} errors ({_statuses(broken)})"
-    verdict: Verdict = "pass"
-    detail = ""
-    if broken:
-        verdict = "fail"
-        detail = (
-            f"{len(broken)} of {n} duplicates got a server error or no answer "
-            f"({_statuses(broken)}); a duplicate must get the replay or a 409, never a 5xx."
-        )
-    elif len(firsts) > 1 and all(a.status is not None and a.status >= 400 for a in firsts):
-        verdict = "fail"
-        detail = f"every request was refused ({_statuses(firsts)})." + _stripped_hint(firsts)
-    elif len(firsts) > 1 and _alike(firsts) and effect_delta(before, after) == 1:
-        verdict = "fail"
-        detail = (
-            f"{len(firsts)} of {n} answers are alike and none is marked as a replay; the "
-            "effect counter moved by 1, so the request ran once: the replays lack "
-            "Idempotent-Replayed: true, and a client cannot tell them from executions."
-        )
-    elif len(firsts) > 1:
-        verdict = "fail"
-        detail = (
-            f"{len(firsts)} of {n} requests with one Idempotency-Key were answered as first "
-            "executions (neither replays nor 409): the request ran more than once. A "
-            "check-then-execute cache (look the key up, run the handler, store the answer) "
-            "lets concurrent duplicates all run; the key must be claimed atomically before "
-            "the handler runs."
-        )
-    elif not firsts:
-        verdict = "fail"
-        detail = (
-            "no answer was the execution itself: every request got 409 or a replay, so the "
-            "client can never learn the result from this burst."
-        )
-    else:
-        first = firsts[0]
-        differ = [a for a in replays if (a.status, a.body) != (first.status, first.body)]
-        if differ:
-            verdict = "fail"
-            detail = (
-                f"{len(differ)} replay(s) differ from the first answer ({first.status}, "
-                f"{len(first.body)} bytes): e.g. {differ[0].status}, {len(differ[0].body)} bytes."
-            )
+    verdict, detail = _judge(n, firsts, replays, broken, effect_delta(before, after))
     probe.add("concurrent-duplicates", expected, observed, verdict, detail)
     if not config.runs("concurrent-effects"):
         return
@@ -136,6 +95,56 @@ def concurrent_duplicates(probe: Probe) -> None:
         f"{n} concurrent duplicates with one key took effect {count(delta)} times, not once"
         + (" (or it is not counted by the time the answer is sent)." if delta == 0 else "."),
     )
+
+
+def _judge(
+    n: int,
+    firsts: list[Exchange],
+    replays: list[Exchange],
+    broken: list[Exchange],
+    delta: float | None,
+) -> tuple[Verdict, str]:
+    """The verdict of ``concurrent-duplicates`` on its answers, and what is wrong."""
+    if len(firsts) > 1 and all(a.status is not None and a.status >= 400 for a in firsts):
+        return "fail", f"every request was refused ({_statuses(firsts)})." + _stripped_hint(firsts)
+    if len(firsts) > 1 and _alike(firsts) and delta == 1:
+        return "fail", (
+            f"{len(firsts)} of {n} answers are alike and none is marked as a replay; the "
+            "effect counter moved by 1, so the request ran once: the replays lack "
+            "Idempotent-Replayed: true, and a client cannot tell them from executions."
+        )
+    if len(firsts) > 1:
+        return "fail", (
+            f"{len(firsts)} of {n} requests with one Idempotency-Key were answered as first "
+            "executions (neither replays nor 409): the request ran more than once. A "
+            "check-then-execute cache (look the key up, run the handler, store the answer) "
+            "lets concurrent duplicates all run; the key must be claimed atomically before "
+            "the handler runs."
+        )
+    if not firsts:
+        return "fail", (
+            "no answer was the execution itself: every request got a 409, a replay or a "
+            f"server error ({_statuses(broken) if broken else 'none'}), so no client learned "
+            "the result from this burst."
+        )
+    first = firsts[0]
+    differ = [a for a in replays if (a.status, a.body) != (first.status, first.body)]
+    if differ:
+        return "fail", (
+            f"{len(differ)} replay(s) differ from the first answer ({first.status}, "
+            f"{len(first.body)} bytes): e.g. {differ[0].status}, {len(differ[0].body)} bytes."
+        )
+    if broken and delta not in (None, 1):
+        return "fail", f"{len(broken)} of {n} duplicates got a server error or no answer."
+    if broken:
+        return "warn", (
+            f"{len(broken)} of {n} duplicates got a server error or no answer "
+            f"({_statuses(broken)}). The request still ran once (one first answer"
+            f"{', and the effect counter moved by 1' if delta == 1 else ''}), and a client "
+            "that retries with the same key gets the replay; but find the cause in the "
+            "server's log (a lock timeout, a worker killed, a connection limit)."
+        )
+    return "pass", ""
 
 
 def _alike(answers: list[Exchange]) -> bool:

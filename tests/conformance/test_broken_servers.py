@@ -208,6 +208,20 @@ def test_each_other_broken_promise_is_caught_by_its_check(
     assert f"FAIL {check}: " in report.table()
 
 
+def test_a_server_error_among_duplicates_of_one_execution_is_a_warning() -> None:
+    with checked(KeyedOrders("crash_one_duplicate")) as report:
+        pass
+
+    duplicates = report.result("concurrent-duplicates")
+    assert duplicates.verdict == "warn", report.table()
+    assert "1 errors (500)" in duplicates.observed
+    assert "1 of 8 duplicates got a server error or no answer (500)" in duplicates.detail
+    assert "still ran once (one first answer, and the effect counter moved by 1)" in (
+        duplicates.detail
+    )
+    assert report.passed and report.exit_code() == 0, report.table()
+
+
 def test_a_replayed_date_is_caught_a_second_later() -> None:
     with checked(KeyedOrders("replays_date"), replay_delay=1.0) as report:
         pass

@@ -11,6 +11,7 @@ import importlib
 import json
 import subprocess
 import sys
+import threading
 import tomllib
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -239,9 +240,12 @@ def test_effects_counted_by_a_command(tmp_path: Path, capsys: pytest.CaptureFixt
     counter = tmp_path / "orders.count"
     counter.write_text("0")
 
+    lock = threading.Lock()
+
     def counting(environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         answer = app(environ, start_response)
-        counter.write_text(str(app.executions))  # what a database count would read
+        with lock:  # the count now, as a database would read it (never an older one)
+            counter.write_text(str(app.executions))
         return answer
 
     with serve(counting) as base:

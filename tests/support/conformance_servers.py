@@ -17,7 +17,9 @@ counter. Each ``broken`` flag breaks it in one way a real deployment can:
 * ``replays_date``: the handler sets ``Date`` itself, and the replay repeats it;
 * ``no_retry_after``, ``plain_json_errors``: a 409 without ``Retry-After``; errors as
   ``application/json``;
-* ``keys_on_safe_methods``: a GET with an invalid key is refused.
+* ``keys_on_safe_methods``: a GET with an invalid key is refused;
+* ``crash_one_duplicate``: the first duplicate of the first key is answered 500 (a
+  worker that failed under load), the request still runs once.
 
 :func:`strip_header` is a proxy in front of any of them that removes the header.
 :func:`serve` runs a WSGI app on 127.0.0.1 in a thread (wsgiref, one thread per request).
@@ -153,6 +155,9 @@ class KeyedOrders:
         return ""
 
     def answer_duplicate(self, record: Stored, fingerprint: str) -> Answer:
+        if "crash_one_duplicate" in self.broken:
+            self.broken.discard("crash_one_duplicate")
+            return "500 Internal Server Error", [("Content-Type", "text/plain")], b"oops"
         if record.fingerprint != fingerprint:
             return self.problem("422 Unprocessable Content", "key-reused", "another request")
         if not record.done.is_set() and "blocks_duplicates" in self.broken:
