@@ -8,7 +8,8 @@
 #   4. the wheel (not an editable install) goes into a fresh virtual environment with
 #      the example project's dependencies, and the example project, copied away from
 #      the checkout so that nothing imports the source tree, runs its system checks and
-#      its demo: a client over real HTTP against the installed package.
+#      its demo: a client over real HTTP against the installed package; and the
+#      `idempotency-conformance` script it installs lists its checks.
 #
 # Variables: PYTHON (python3), PACKAGE_DIR (a scratch directory; default a new one
 # under /tmp, removed at the end).
@@ -44,4 +45,6 @@ assert "site-packages" in where, f"the example imports {where}, not the installe
 print(f"django_idempotency {django_idempotency.__version__} from {where}")
 EOF
 env -u DATABASE_URL -u PYTHONPATH "$SCRATCH/installed/bin/python" manage.py check --fail-level WARNING
+# The console script of the conformance check is installed, and imports from the wheel.
+env -u DATABASE_URL -u PYTHONPATH "$SCRATCH/installed/bin/idempotency-conformance" --list-checks >/dev/null
 env -u DATABASE_URL -u PYTHONPATH "$SCRATCH/installed/bin/python" demo.py
