@@ -83,7 +83,13 @@ def replay(probe: Probe) -> tuple[Exchange, str] | None:
             marked,
             "fail",
             "the retry's answer does not say it is a replay (Idempotent-Replayed: true), so "
-            "a client cannot tell a replay from a second execution.",
+            "a client cannot tell a replay from a second execution."
+            + (
+                f" The first answer was {first.summary()}, a refusal, which an endpoint may "
+                "leave unstored: check the request (credentials, body)."
+                if first.status is not None and first.status >= 400
+                else ""
+            ),
         )
     probe.add("replay-per-exchange", "new or absent on the replay", *_per_exchange(first, second))
     if config.runs("replay-effects"):

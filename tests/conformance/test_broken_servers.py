@@ -120,6 +120,9 @@ def test_a_proxy_that_strips_the_header_is_caught() -> None:
     assert "the Idempotency-Key header does not reach the application" in detail
     assert "strips it" in detail
     assert report.result("replay-marker").verdict == "fail"
+    assert "The first answer was 400 [missing-key], a refusal" in (
+        report.result("replay-marker").detail
+    )
 
 
 def test_a_duplicate_held_until_the_original_finishes_is_caught() -> None:
