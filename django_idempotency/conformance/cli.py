@@ -37,8 +37,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("url", nargs="?", help="the endpoint's absolute URL")
     p.add_argument("-X", "--method", default="POST", help="its unsafe method (default POST)")
     body = p.add_mutually_exclusive_group()
-    body.add_argument("--json", dest="json_body", help="a JSON request body (sent as given)")
-    body.add_argument("--body-file", type=Path, help="a file whose bytes are the request body")
+    body.add_argument(
+        "--json", dest="json_body", metavar="JSON", help="a JSON request body (sent as given)"
+    )
+    body.add_argument(
+        "--body-file", type=Path, metavar="PATH", help="a file whose bytes are the body"
+    )
     p.add_argument("--content-type", help="the body's Content-Type (default with --json: JSON)")
     p.add_argument(
         "--other-body-file",
@@ -99,9 +103,16 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--replay-delay", type=float, default=1.0, help="seconds before the replay (1)")
     p.add_argument(
-        "--skip", action="append", default=[], choices=CHECK_NAMES, help="a check not to run"
+        "--skip",
+        action="append",
+        default=[],
+        choices=CHECK_NAMES,
+        metavar="CHECK",
+        help="a check not to run (see --list-checks)",
     )
-    p.add_argument("--json-report", type=Path, help="write the report as JSON to this file")
+    p.add_argument(
+        "--json-report", type=Path, metavar="PATH", help="write the report as JSON to PATH"
+    )
     p.add_argument("--list-checks", action="store_true", help="list the checks and exit")
     return p
 

@@ -41,7 +41,7 @@ class Probe:
         self.results.append(CheckResult(name, expected, why, "skip"))
 
     def effects(self) -> float | None:
-        """The effect counter now (``None`` without one); see :meth:`Sender.effects`."""
+        """The effect counter's current value (``None`` without one); see :meth:`Sender.effects`."""
         return self.sender.effects()
 
     def observe(self, exchange: Exchange) -> Exchange:

@@ -211,7 +211,7 @@ class Sender:
         return exchange
 
     def effects(self) -> float | None:
-        """The effect counter's value now, ``None`` if no counter was given.
+        """The effect counter's current value, ``None`` if no counter was given.
 
         Raises:
             EffectCounterError: the counter did not answer a number.

@@ -244,7 +244,7 @@ def test_effects_counted_by_a_command(tmp_path: Path, capsys: pytest.CaptureFixt
 
     def counting(environ: Environ, start_response: StartResponse) -> Iterable[bytes]:
         answer = app(environ, start_response)
-        with lock:  # the count now, as a database would read it (never an older one)
+        with lock:  # the current count, as a database reads it (never an older one)
             counter.write_text(str(app.executions))
         return answer
 
