@@ -61,6 +61,11 @@ def refused_keys(probe: Probe) -> None:
         elif status < 400:
             verdict = "fail"
             detail = f"a request with {what} was accepted ({status}): it ran without protection."
+            if name == "key-too-long":
+                detail = (
+                    f"a request with {what} was accepted ({status}); if the endpoint's limit "
+                    "is higher, say so with --max-key-length."
+                )
         else:
             verdict, detail = "pass", ""
         probe.add(name, expected, observed, verdict, detail)

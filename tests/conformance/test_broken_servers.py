@@ -251,3 +251,14 @@ def test_unmarked_replays_of_one_execution_are_told_apart_from_executions() -> N
     assert "the replays lack Idempotent-Replayed: true" in detail
     assert "does not say it is a replay" in report.result("replay-marker").detail
     assert report.result("concurrent-effects").verdict == "pass"
+
+
+def test_a_key_over_the_given_limit_that_the_endpoint_accepts_is_reported_with_the_fix() -> None:
+    with checked(KeyedOrders(), max_key_length=100) as report:
+        pass
+
+    assert failed(report) == {"key-too-long"}, report.table()
+    result = report.result("key-too-long")
+    assert result.observed == "201"
+    assert "a key of 101 characters (the limit: 100) was accepted (201)" in result.detail
+    assert "--max-key-length" in result.detail
