@@ -61,13 +61,10 @@ def refused_keys(probe: Probe) -> None:
         elif status < 400:
             verdict = "fail"
             detail = f"a request with {what} was accepted ({status}): it ran without protection."
-            if name == "key-too-long":
-                detail = (
-                    f"a request with {what} was accepted ({status}); if the endpoint's limit "
-                    "is higher, say so with --max-key-length."
-                )
         else:
             verdict, detail = "pass", ""
+        if name == "key-too-long" and verdict == "fail" and status is not None and status < 500:
+            detail += " If the endpoint's limit is higher, say so with --max-key-length."
         probe.add(name, expected, observed, verdict, detail)
 
 
