@@ -2014,8 +2014,8 @@ MUTANTS: list[Mutant] = [
     m(
         "CF4",
         "conformance/duplicates.py",
-        "    elif len(firsts) > 1:\n",
-        "    elif False:\n",
+        "    if len(firsts) > 1:\n",
+        "    if False:\n",
         tests=(
             "tests/conformance/test_broken_servers.py::"
             "test_a_cache_then_execute_middleware_is_caught_running_duplicates_twice",
