@@ -1982,6 +1982,18 @@ MUTANTS: list[Mutant] = [
         ),
         what="the relay task goes on delivering past its soft time limit",
     ),
+    # fingerprint.py: a blank query parameter is part of the query
+    m(
+        "FP1",
+        "protocol/fingerprint.py",
+        'parse_qsl(request.META.get("QUERY_STRING", ""), keep_blank_values=True, encoding=',
+        'parse_qsl(request.META.get("QUERY_STRING", ""), keep_blank_values=False, encoding=',
+        tests=(
+            "tests/protocol/test_key_reused_parts.py::"
+            "test_a_blank_query_parameter_is_another_request_than_no_query",
+        ),
+        what="?flag= and no query fingerprint alike: a key replays across them",
+    ),
 ]
 
 
