@@ -13,6 +13,7 @@ from typing import Any, TypeAlias
 import httpx
 import stamina
 
+from django_idempotency.client import logs
 from django_idempotency.client.backoff import Backoff
 from django_idempotency.client.errors import (
     AttemptEvent,
@@ -92,6 +93,7 @@ class ClientBase:
         self.keys: KeyStore = key_store if key_store is not None else MemoryKeyStore()
         self.retry_statuses = frozenset(retry_statuses)
         self.on_attempt = on_attempt
+        logs.quiet_stamina()  # the client logs its own retries (client.logs)
 
     def _key(
         self, operation: str | None, key: str | None, headers: Headers | None
@@ -182,12 +184,30 @@ class ClientBase:
                 attempts=number,
             )
         assert wait is not None
+        if number < self.attempts:
+            logs.retry_scheduled(
+                method=method,
+                url=url,
+                key=key,
+                attempt=number,
+                wait=wait,
+                response=response,
+                error=error,
+            )
         raise RetryAfter(wait, response, error)
 
     @staticmethod
     def _exhausted(
         retry: RetryAfter, method: str, url: str, key: str, operation: str | None, attempts: int
     ) -> RetriesExhausted:
+        logs.gave_up(
+            method=method,
+            url=url,
+            key=key,
+            attempt=attempts,
+            response=retry.response,
+            error=retry.error,
+        )
         if retry.response is not None:
             last = describe(method, url, retry.response)
         else:
