@@ -1994,6 +1994,58 @@ MUTANTS: list[Mutant] = [
         ),
         what="?flag= and no query fingerprint alike: a key replays across them",
     ),
+    # store/fingerprints.py: a record stored under other fingerprint settings
+    m(
+        "FP2",
+        "store/fingerprints.py",
+        "        or (first[3] != second[3] and first[1] == second[1])\n",
+        "",
+        tests=(
+            "tests/protocol/test_fingerprint_settings_change.py::"
+            "test_a_byte_identical_retry_replays_a_record_stored_under_other_settings",
+        ),
+        what="a record stored before a header was fingerprinted answers its retry 422",
+    ),
+    m(
+        "FP3",
+        "store/fingerprints.py",
+        '        f"OR {part(stored, 3)} = {part(value, 3)} "\n',
+        "",
+        tests=(
+            "tests/store/test_presence.py::"
+            "test_a_presence_takeover_of_a_claim_stored_under_other_settings",
+        ),
+        backends=(PG,),
+        what="the SQL takeover refuses a byte-identical retry after an exclusion was added",
+    ),
+    # client: headers it reads, a caller's key, its log lines
+    m(
+        "CL1",
+        "client/responses.py",
+        "    if _DELAY_SECONDS.fullmatch(value):\n",
+        "    if value.isdigit():\n",
+        tests=("tests/client/test_retry_after.py",),
+        backends=(SQLITE,),
+        what="Retry-After: \u00b2 raises ValueError out of post()",
+    ),
+    m(
+        "CL2",
+        "client/policy.py",
+        "        own = caller_key(headers)\n",
+        "        own = None\n",
+        tests=("tests/client/test_caller_key.py",),
+        backends=(SQLITE,),
+        what="a key in headers= is replaced by the client's own",
+    ),
+    m(
+        "CL3",
+        "client/logs.py",
+        "        if isinstance(details.caused_by, RetryAfter):\n            return None\n",
+        "",
+        tests=("tests/client/test_retry_logging.py",),
+        backends=(SQLITE,),
+        what="stamina prints a bare retry_scheduled line for each client retry",
+    ),
 ]
 
 

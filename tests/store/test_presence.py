@@ -184,7 +184,7 @@ def test_the_presence_takeover_is_signalled_and_counted_apart(record_table, owne
     metrics.connect(sink)
     try:
         decision = protocol_claim(
-            scope, Fingerprint(FP, ()), Options(lease=300), "default", may_run=True
+            scope, Fingerprint(FP), Options(lease=300), "default", may_run=True
         )
     finally:
         signals.claimed.disconnect(receiver)
@@ -567,7 +567,7 @@ def test_a_presence_takeover_is_logged_as_one(record_table, owners, caplog):
     owners.append(owner)
     owner.kill()
     decision = protocol_claim(
-        scope, Fingerprint(FP, ()), Options(lease=300), "default", may_run=True
+        scope, Fingerprint(FP), Options(lease=300), "default", may_run=True
     )
     (line,) = [r for r in caplog.records if getattr(r, "event", "") == "taken_over"]
     assert line.cause == "presence" and line.levelno == logging.WARNING
