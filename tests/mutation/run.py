@@ -2020,7 +2020,7 @@ MUTANTS: list[Mutant] = [
     ),
     # client: headers it reads, a caller's key, its log lines
     m(
-        "CL1",
+        "HX1",
         "client/responses.py",
         "    if _DELAY_SECONDS.fullmatch(value):\n",
         "    if value.isdigit():\n",
@@ -2029,7 +2029,7 @@ MUTANTS: list[Mutant] = [
         what="Retry-After: \u00b2 raises ValueError out of post()",
     ),
     m(
-        "CL2",
+        "HX2",
         "client/policy.py",
         "        own = caller_key(headers)\n",
         "        own = None\n",
@@ -2038,7 +2038,7 @@ MUTANTS: list[Mutant] = [
         what="a key in headers= is replaced by the client's own",
     ),
     m(
-        "CL3",
+        "HX3",
         "client/logs.py",
         "        if isinstance(details.caused_by, RetryAfter):\n            return None\n",
         "",
