@@ -566,9 +566,7 @@ def test_a_presence_takeover_is_logged_as_one(record_table, owners, caplog):
     owner = Owner(scope, lease=300)
     owners.append(owner)
     owner.kill()
-    decision = protocol_claim(
-        scope, Fingerprint(FP), Options(lease=300), "default", may_run=True
-    )
+    decision = protocol_claim(scope, Fingerprint(FP), Options(lease=300), "default", may_run=True)
     (line,) = [r for r in caplog.records if getattr(r, "event", "") == "taken_over"]
     assert line.cause == "presence" and line.levelno == logging.WARNING
     assert "database session ended while its lease was live" in line.getMessage()
