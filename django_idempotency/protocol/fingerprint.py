@@ -179,17 +179,19 @@ def _upload(upload: Any) -> list[str]:
 
 
 def _form_parts(post: Any, files: Any, exclude: Iterable[str]) -> list[bytes]:
-    skip = set(exclude)
-    fields = _by_name(
-        (name, value) for name, values in post.lists() if name not in skip for value in values
-    )
-    uploads = _by_name(
-        (name, _upload(upload))
-        for name, items in files.lists()
-        if name not in skip
-        for upload in items
-    )
-    return [b"form", json.dumps([fields, uploads]).encode("ascii")]
+    return _form_input(*_form_lists(post, files), set(exclude))
+
+
+def _form_lists(post: Any, files: Any) -> tuple[list[Any], list[Any]]:
+    """Every field and every upload (its name, file name, type and digest), by name."""
+    fields = _by_name((name, value) for name, values in post.lists() for value in values)
+    uploads = _by_name((name, _upload(upload)) for name, items in files.lists() for upload in items)
+    return fields, uploads
+
+
+def _form_input(fields: list[Any], uploads: list[Any], skip: set[str]) -> list[bytes]:
+    kept = [[pair for pair in pairs if pair[0] not in skip] for pairs in (fields, uploads)]
+    return [b"form", json.dumps(kept).encode("ascii")]
 
 
 def _form_body(request: HttpRequest) -> bytes | None:
@@ -280,10 +282,12 @@ def _body_inputs(
             form_body = _form_body(request)
             if form_body == b"":  # no body: the same request whatever its media type
                 return list(_EMPTY), None
-            post, files = _parse_form(request, media_type, form_body)
-            form = _form_parts(post, files, (*exclude, *form_exclude))
-            sent = _form_parts(post, files, ()) if exclude or form_exclude else None
-            return form, sent
+            fields, uploads = _form_lists(*_parse_form(request, media_type, form_body))
+            skip = {*exclude, *form_exclude}
+            form = _form_input(fields, uploads, skip)
+            if not any(pair[0] in skip for pairs in (fields, uploads) for pair in pairs):
+                return form, None
+            return form, _form_input(fields, uploads, set())  # files hashed once
         body = request.body
     except RawPostDataException:
         # The stream was consumed by a parser (DRF) before we ran: use its result.

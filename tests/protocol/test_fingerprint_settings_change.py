@@ -14,14 +14,14 @@ import json
 from typing import Any
 
 import pytest
-from django.test import override_settings
+from django.test import Client, override_settings
 
 from django_idempotency import store
 from django_idempotency.protocol import fingerprint
 from django_idempotency.protocol.options import Options
 from django_idempotency.testing import past_lease
 from tests.support.concurrency import token_client
-from tests.support.factories import TokenFactory
+from tests.support.factories import TokenFactory, UserFactory
 from tests.support.testapp.models import Widget
 
 FIRST = {"name": "a", "sent_at": 1}
@@ -125,3 +125,29 @@ def test_an_abandoned_claim_stored_under_other_settings_is_taken_over_by_the_sam
     assert retry.status_code == 201, retry.content
     assert "Idempotent-Replayed" not in retry
     assert list(Widget.objects.values_list("name", flat=True)) == ["a"]
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        pytest.param({}, {"FINGERPRINT_FORM_TOKENS": []}, id="form-tokens-dropped"),
+        pytest.param({}, {"FINGERPRINT_EXCLUDE": ["sent_at"]}, id="exclude-added"),
+        pytest.param({"FINGERPRINT_EXCLUDE": ["sent_at"]}, {}, id="exclude-dropped"),
+    ],
+)
+def test_a_byte_identical_form_retry_replays_a_record_stored_under_other_settings(
+    record_table: str, key: str, before: dict[str, Any], after: dict[str, Any]
+) -> None:
+    client = Client()
+    client.force_login(UserFactory(username="form-deployer"))
+    form = {"name": "p", "sent_at": "1", "csrfmiddlewaretoken": "masked-1"}
+
+    with override_settings(IDEMPOTENCY=before):
+        first = client.post("/plain", form, HTTP_IDEMPOTENCY_KEY=key)
+    assert first.status_code == 201, first.content
+    with override_settings(IDEMPOTENCY=after):
+        again = client.post("/plain", form, HTTP_IDEMPOTENCY_KEY=key)
+        other = client.post("/plain", {**form, "name": "q"}, HTTP_IDEMPOTENCY_KEY=key)
+
+    assert again.status_code == 201 and again["Idempotent-Replayed"] == "true"
+    assert other.status_code == 422 and problem_type(other).endswith("key-reused")
