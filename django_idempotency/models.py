@@ -57,7 +57,7 @@ class IdempotencyRecord(models.Model):
         _("request path"), max_length=255, blank=True, null=True, default=""
     )
     key = models.CharField(_("idempotency key"), max_length=255)
-    fingerprint = models.CharField(_("fingerprint"), max_length=64)
+    fingerprint = models.CharField(_("fingerprint"), max_length=160)
     state = models.CharField(
         _("state"), max_length=16, choices=RecordState.choices, default=RecordState.CLAIMED
     )

@@ -134,13 +134,13 @@ def test_a_takeover_says_whether_the_lease_expired_or_an_operator_ended_it(caplo
     held = store.claim(ended, fp, lease=300, retention=3600)
     assert isinstance(held, store.Claim)
     assert operators.end_leases([held.record_id]) == 1
-    by_operator = _claim(ended, Fingerprint(fp, ()), options, "default", may_run=True)
+    by_operator = _claim(ended, Fingerprint(fp), options, "default", may_run=True)
     assert isinstance(by_operator, Proceed)
     assert by_operator.claim.takeover_cause == "operator"
     expired = store.Scope("ops", "POST /ops", str(uuid.uuid4()))
     assert isinstance(store.claim(expired, fp, lease=300, retention=3600), store.Claim)
     with testing.travel(301):
-        by_lease = _claim(expired, Fingerprint(fp, ()), options, "default", may_run=True)
+        by_lease = _claim(expired, Fingerprint(fp), options, "default", may_run=True)
     assert isinstance(by_lease, Proceed) and by_lease.claim.takeover_cause == "lease"
     first, second = [r for r in events(caplog) if r.event == "taken_over"]
     assert first.cause == "operator" and first.levelno == logging.WARNING

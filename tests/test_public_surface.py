@@ -182,6 +182,7 @@ PROBLEM_SLUGS = frozenset(
 LOGGERS = frozenset(
     {
         "django_idempotency",
+        "django_idempotency.client",
         "django_idempotency.events",
         "django_idempotency.metrics",
         "django_idempotency.outbox",

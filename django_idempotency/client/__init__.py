@@ -22,7 +22,7 @@ Usage::
 This package needs no Django; ``django_idempotency`` itself imports without httpx.
 Its modules, one concern each: ``responses`` (reading an answer and the verdict),
 ``backoff``, ``errors`` (attempt events and exceptions), ``policy`` (what both clients
-decide), ``sync`` and ``aio`` (the two clients). Keys are kept by
+decide), ``logs`` (their log lines), ``sync`` and ``aio`` (the two clients). Keys are kept by
 ``keystore`` (standard library only).
 """
 

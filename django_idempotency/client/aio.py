@@ -11,10 +11,7 @@ import httpx
 from django_idempotency.client.backoff import Backoff
 from django_idempotency.client.errors import AttemptEvent, RetryAfter
 from django_idempotency.client.keystore import KeyStore
-from django_idempotency.client.policy import ClientBase
-from django_idempotency.client.responses import HEADER
-
-Headers = Mapping[str, str]
+from django_idempotency.client.policy import ClientBase, Headers, refuse_client_key
 
 
 class AsyncIdempotentClient(ClientBase):
@@ -48,9 +45,10 @@ class AsyncIdempotentClient(ClientBase):
             retry_statuses=retry_statuses,
             on_attempt=on_attempt,
         )
+        refuse_client_key(headers if http_client is None else http_client.headers)
         self._owns_client = http_client is None
         self.http = http_client or httpx.AsyncClient(
-            base_url=base_url, headers=dict(headers or {}), timeout=timeout, transport=transport
+            base_url=base_url, headers=headers, timeout=timeout, transport=transport
         )
 
     async def request(
@@ -66,8 +64,7 @@ class AsyncIdempotentClient(ClientBase):
         key: str | None = None,
     ) -> httpx.Response:
         """Async :meth:`IdempotentClient.request`: same arguments, result and errors."""
-        key = self._key(operation, key)
-        all_headers = {**(headers or {}), HEADER: key}
+        key, all_headers = self._key(operation, key, headers)
         url = str(self.http.build_request(method, path, params=params).url)
         number = 0
         try:

@@ -7,12 +7,13 @@ The clients differ only in how they send a request (``httpx.Client`` or
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeAlias
 
 import httpx
 import stamina
 
+from django_idempotency.client import logs
 from django_idempotency.client.backoff import Backoff
 from django_idempotency.client.errors import (
     AttemptEvent,
@@ -24,6 +25,7 @@ from django_idempotency.client.errors import (
 )
 from django_idempotency.client.keystore import KeyStore, MemoryKeyStore, new_key
 from django_idempotency.client.responses import (
+    HEADER,
     NOT_REPLAYABLE,
     Verdict,
     is_replay,
@@ -31,6 +33,38 @@ from django_idempotency.client.responses import (
     retry_after_seconds,
     verdict,
 )
+
+#: Request headers as httpx takes them: a mapping, an ``httpx.Headers`` or
+#: ``(name, value)`` pairs.
+Headers: TypeAlias = Mapping[str, str] | httpx.Headers | Sequence[tuple[str, str]]
+
+
+def caller_key(headers: Headers | None) -> str | None:
+    """The ``Idempotency-Key`` the caller put in ``headers`` (any spelling), or ``None``.
+
+    Raises:
+        ValueError: ``headers`` holds more than one ``Idempotency-Key`` (two
+            spellings, or a repeated pair): one request has one key.
+    """
+    values = httpx.Headers(headers).get_list(HEADER)
+    if len(values) > 1:
+        raise ValueError(
+            f"headers= holds {len(values)} {HEADER} values; one request carries one key"
+        )
+    return values[0] if values else None
+
+
+def refuse_client_key(headers: Headers | None) -> None:
+    """Refuse an ``Idempotency-Key`` among a client's default headers.
+
+    Raises:
+        ValueError: the default headers hold one: every operation would share it.
+    """
+    if HEADER in httpx.Headers(headers):
+        raise ValueError(
+            f"the client's headers= holds an {HEADER}, which every request would share; "
+            "a key names one operation: pass key= (or operation=, or headers=) per request"
+        )
 
 
 def _backoff_hook(exc: Exception) -> bool | float:
@@ -59,15 +93,34 @@ class ClientBase:
         self.keys: KeyStore = key_store if key_store is not None else MemoryKeyStore()
         self.retry_statuses = frozenset(retry_statuses)
         self.on_attempt = on_attempt
+        logs.quiet_stamina()  # the client logs its own retries (client.logs)
 
-    def _key(self, operation: str | None, key: str | None) -> str:
+    def _key(
+        self, operation: str | None, key: str | None, headers: Headers | None
+    ) -> tuple[str, httpx.Headers]:
+        """The request's key and the headers that carry it, once.
+
+        The key is ``key=``, the one in ``headers=`` (any spelling), the key store's
+        for ``operation=``, or a new one. Raises ``TypeError`` when two of them name
+        different keys, ``ValueError`` when ``headers=`` holds several.
+        """
+        own = caller_key(headers)
+        if own is not None and operation is not None:
+            raise TypeError(
+                f"pass operation= or an {HEADER} in headers=, not both (the operation's "
+                "key comes from the key store)"
+            )
+        if own is not None and key is not None and own != key:
+            raise TypeError(f"key= and the {HEADER} in headers= differ; pass one key")
         if key is not None and operation is not None:
             raise TypeError("pass operation= or key=, not both")
-        if key is not None:
-            return key
-        if operation is not None:
-            return self.keys.key_for(operation)
-        return new_key()
+        if key is None:
+            key = own
+        if key is None:
+            key = new_key() if operation is None else self.keys.key_for(operation)
+        sent = httpx.Headers(headers)
+        sent[HEADER] = key  # replaces the caller's spelling: one header, one key
+        return key, sent
 
     def _retry_context(self) -> Any:
         return stamina.retry_context(
@@ -131,12 +184,30 @@ class ClientBase:
                 attempts=number,
             )
         assert wait is not None
+        if number < self.attempts:
+            logs.retry_scheduled(
+                method=method,
+                url=url,
+                key=key,
+                attempt=number,
+                wait=wait,
+                response=response,
+                error=error,
+            )
         raise RetryAfter(wait, response, error)
 
     @staticmethod
     def _exhausted(
         retry: RetryAfter, method: str, url: str, key: str, operation: str | None, attempts: int
     ) -> RetriesExhausted:
+        logs.gave_up(
+            method=method,
+            url=url,
+            key=key,
+            attempt=attempts,
+            response=retry.response,
+            error=retry.error,
+        )
         if retry.response is not None:
             last = describe(method, url, retry.response)
         else:

@@ -49,7 +49,7 @@ def problem_of(response: httpx.Response) -> dict[str, Any] | None:
         return None
     try:
         body = response.json()
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, not text, or nested too deeply
         return None
     return body if isinstance(body, dict) else None
 
@@ -66,24 +66,32 @@ def problem_slug(response: httpx.Response) -> str:
     return re.split(r"[#/:]", kind)[-1]
 
 
-def retry_after_seconds(response: httpx.Response) -> float | None:
-    """``Retry-After`` (RFC 9110 §10.2.3) in seconds from now, or ``None``.
+#: ``delay-seconds`` (RFC 9110 §10.2.3): ASCII digits only (``str.isdigit`` also
+#: accepts digits such as ``²`` that ``float`` refuses).
+_DELAY_SECONDS = re.compile(r"[0-9]+", re.ASCII)
 
-    Accepts delay-seconds (``"2"``) and an HTTP-date; a date in the past gives 0.
-    An unparseable value is ignored (``None``).
+
+def retry_after_seconds(response: httpx.Response) -> float | None:
+    """``Retry-After`` (RFC 9110 §10.2.3) in seconds from now, or ``None``; never raises.
+
+    Accepts delay-seconds (``"2"``, ASCII digits) and an HTTP-date (IMF-fixdate, or the
+    obsolete RFC 850 and asctime forms a recipient must accept, RFC 9110 §5.6.7); a
+    date in the past gives 0, a date without a zone is taken as UTC. Anything else (a
+    sign, a fraction, other digits, a date out of range, several values) is ignored:
+    ``None``. The client caps what it waits with :attr:`Backoff.max_retry_after`.
     """
     value = response.headers.get("Retry-After", "").strip()
     if not value:
         return None
-    if value.isdigit():
-        return float(value)
+    if _DELAY_SECONDS.fullmatch(value):
+        return float(value)  # a very long one is inf, which the backoff caps
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=dt.UTC)
+        return max(0.0, (when - dt.datetime.now(dt.UTC)).total_seconds())
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.UTC)
-    return max(0.0, (when - dt.datetime.now(dt.UTC)).total_seconds())
 
 
 def verdict(response: httpx.Response, *, retry_statuses: frozenset[int] = frozenset()) -> Verdict:

@@ -11,10 +11,7 @@ import httpx
 from django_idempotency.client.backoff import Backoff
 from django_idempotency.client.errors import AttemptEvent, RetryAfter
 from django_idempotency.client.keystore import KeyStore
-from django_idempotency.client.policy import ClientBase
-from django_idempotency.client.responses import HEADER
-
-Headers = Mapping[str, str]
+from django_idempotency.client.policy import ClientBase, Headers, refuse_client_key
 
 
 class IdempotentClient(ClientBase):
@@ -22,7 +19,8 @@ class IdempotentClient(ClientBase):
 
     Args:
         base_url: the API's root, e.g. ``"https://api.example.com"``.
-        headers: sent with every request (e.g. ``{"Authorization": "Token ..."}``).
+        headers: sent with every request (e.g. ``{"Authorization": "Token ..."}``);
+            never an ``Idempotency-Key``, which names one operation.
         attempts: most attempts per operation, the first included (default 6).
         timeout: seconds for one attempt (connect, read, write each); an attempt
             that times out is retried with the same key.
@@ -39,7 +37,8 @@ class IdempotentClient(ClientBase):
             closing this client does not close it).
 
     Raises:
-        ValueError: ``attempts`` is below 1.
+        ValueError: ``attempts`` is below 1, or ``headers`` (or ``http_client``'s
+            headers) hold an ``Idempotency-Key``.
     """
 
     def __init__(
@@ -65,9 +64,10 @@ class IdempotentClient(ClientBase):
             retry_statuses=retry_statuses,
             on_attempt=on_attempt,
         )
+        refuse_client_key(headers if http_client is None else http_client.headers)
         self._owns_client = http_client is None
         self.http = http_client or httpx.Client(
-            base_url=base_url, headers=dict(headers or {}), timeout=timeout, transport=transport
+            base_url=base_url, headers=headers, timeout=timeout, transport=transport
         )
 
     def request(
@@ -90,7 +90,9 @@ class IdempotentClient(ClientBase):
             json: a JSON body (encoded the same way on every attempt).
             content: a raw body (bytes or str; not an iterator: it is sent again).
             params: query parameters.
-            headers: extra headers for this request.
+            headers: extra headers for this request (a mapping, ``httpx.Headers`` or
+                ``(name, value)`` pairs). An ``Idempotency-Key`` among them, in any
+                spelling, is the key (as ``key=``), sent once under that name.
             operation: names the logical operation; its key comes from the key store,
                 so a later call (even from a restarted process, with a persistent
                 store) with the same name reuses it.
@@ -105,10 +107,11 @@ class IdempotentClient(ClientBase):
                 problem+json.
             RetriesExhausted: the attempts or ``total_timeout`` ran out on retryable
                 errors.
-            TypeError: both ``operation`` and ``key`` were given.
+            TypeError: two of ``operation``, ``key`` and an ``Idempotency-Key`` in
+                ``headers`` were given (the same key twice is accepted).
+            ValueError: ``headers`` holds more than one ``Idempotency-Key``.
         """
-        key = self._key(operation, key)
-        all_headers = {**(headers or {}), HEADER: key}
+        key, all_headers = self._key(operation, key, headers)
         url = str(self.http.build_request(method, path, params=params).url)
         number = 0
         try:

@@ -34,7 +34,7 @@ logger = logging.getLogger("django_idempotency")
 F = TypeVar("F", bound=Callable[..., Any])
 
 #: Version tag of the payload fingerprint (no request's fingerprint hashes it: theirs
-#: are ``fp1`` and ``fp2:``).
+#: start with ``fp3:``, and match a payload fingerprint only if equal to it).
 _FINGERPRINT_TAG = b"inbox1\x00"
 #: What a stored result looks like in the record (its ``response_*`` columns).
 _RESULT_STATUS = 200

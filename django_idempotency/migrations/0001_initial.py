@@ -53,7 +53,7 @@ class Migration(migrations.Migration):
                 ('endpoint', models.CharField(max_length=255, verbose_name='endpoint')),
                 ('request_path', models.CharField(blank=True, default='', max_length=255, null=True, verbose_name='request path')),
                 ('key', models.CharField(max_length=255, verbose_name='idempotency key')),
-                ('fingerprint', models.CharField(max_length=64, verbose_name='fingerprint')),
+                ('fingerprint', models.CharField(max_length=160, verbose_name='fingerprint')),
                 ('state', models.CharField(choices=[('claimed', 'claimed'), ('completed', 'completed')], default='claimed', max_length=16, verbose_name='state')),
                 ('owner_token', models.UUIDField(default=uuid.uuid4, verbose_name='owner token')),
                 ('lease_until', models.DateTimeField(verbose_name='lease until')),

@@ -46,8 +46,9 @@ def decide(
 
     Args:
         scope: the record's identity (principal, endpoint, key).
-        fp: the request's fingerprint (``fingerprint.take``); a record of the earlier
-            fingerprint format is compared by that format.
+        fp: the request's fingerprint (``fingerprint.take``); a record stored under
+            another configuration of the fingerprint matches a byte-identical request
+            (``store.fingerprints.same_request``).
         options: the view's options (lease, retention, wait, replay headers).
         using: the alias of the record's database.
         may_run: ``False`` when the view cannot run for this request (DRF found no
@@ -161,7 +162,7 @@ _REMEDIES = {
 
 
 def _reused(options: Options, parts: tuple[str, ...]) -> Respond:
-    """The 422 ``key-reused``, naming the differing ``parts`` (none: an earlier record).
+    """The 422 ``key-reused``, naming the differing ``parts`` (none: no tag tells).
 
     Only part names: never the body, nor a value of the request or of the record.
     """

@@ -4,7 +4,7 @@ The rules, and why, are in docs/concepts.md ("Fingerprint") and docs/protocol.md
 ("Numbers in JSON bodies"). The inputs below make five parts (``method``, ``path``,
 ``query``, ``headers``, ``body``: the body and its media type); each part is hashed
 once, its inputs framed by their length so no two can run together, and ``digests``
-seals the part digests into the stored value (``fp2:``, with a tag per part that names
+seals the part digests into the stored value (``fp3:``, with a tag per part that names
 the parts in which two requests differ).
 
 Inputs, in order:
@@ -52,9 +52,10 @@ Inputs, in order:
    view's parser may refuse that type). Each input is framed by its length, so a body
    part with this input never hashes like one without it.
 
-These are also the inputs, in this order after the tag ``fp1``, of the earlier format
-(one SHA-256 over all of them), so a record of that format is still compared exactly
-(``digests.Fingerprint.matches``).
+The stored value also holds a digest of the request with no body field left out
+(neither ``FINGERPRINT_EXCLUDE`` nor ``FINGERPRINT_FORM_TOKENS``), so that a record
+stored under one configuration still replays a byte-identical retry under another
+(``store.fingerprints``).
 """
 
 from __future__ import annotations
@@ -178,17 +179,19 @@ def _upload(upload: Any) -> list[str]:
 
 
 def _form_parts(post: Any, files: Any, exclude: Iterable[str]) -> list[bytes]:
-    skip = set(exclude)
-    fields = _by_name(
-        (name, value) for name, values in post.lists() if name not in skip for value in values
-    )
-    uploads = _by_name(
-        (name, _upload(upload))
-        for name, items in files.lists()
-        if name not in skip
-        for upload in items
-    )
-    return [b"form", json.dumps([fields, uploads]).encode("ascii")]
+    return _form_input(*_form_lists(post, files), set(exclude))
+
+
+def _form_lists(post: Any, files: Any) -> tuple[list[Any], list[Any]]:
+    """Every field and every upload (its name, file name, type and digest), by name."""
+    fields = _by_name((name, value) for name, values in post.lists() for value in values)
+    uploads = _by_name((name, _upload(upload)) for name, items in files.lists() for upload in items)
+    return fields, uploads
+
+
+def _form_input(fields: list[Any], uploads: list[Any], skip: set[str]) -> list[bytes]:
+    kept = [[pair for pair in pairs if pair[0] not in skip] for pairs in (fields, uploads)]
+    return [b"form", json.dumps(kept).encode("ascii")]
 
 
 def _form_body(request: HttpRequest) -> bytes | None:
@@ -255,21 +258,45 @@ def _body_parts(
     form_exclude: Iterable[str] = (),
     media_type: str | None = None,
 ) -> list[bytes]:
+    """The body part's inputs (without its media type), fields left out."""
+    return _body_inputs(request, parsed, exclude, form_exclude, media_type)[0]
+
+
+def _body_inputs(
+    request: HttpRequest,
+    parsed: Any,
+    exclude: Iterable[str],
+    form_exclude: Iterable[str] = (),
+    media_type: str | None = None,
+) -> tuple[list[bytes], list[bytes] | None]:
+    """The body part's inputs, and those of the body as sent (``None``: the same).
+
+    The second leaves no field out (neither ``exclude`` nor ``form_exclude``): a
+    byte-identical retry has the same whatever the configuration (``store.fingerprints``).
+    """
     if media_type is None:
         media_type = _media_type(request)
+    exclude, form_exclude = tuple(exclude), tuple(form_exclude)
     try:
         if media_type in _FORM_TYPES:
             form_body = _form_body(request)
             if form_body == b"":  # no body: the same request whatever its media type
-                return list(_EMPTY)
-            post, files = _parse_form(request, media_type, form_body)
-            return _form_parts(post, files, (*exclude, *form_exclude))
+                return list(_EMPTY), None
+            fields, uploads = _form_lists(*_parse_form(request, media_type, form_body))
+            skip = {*exclude, *form_exclude}
+            form = _form_input(fields, uploads, skip)
+            if not any(pair[0] in skip for pairs in (fields, uploads) for pair in pairs):
+                return form, None
+            return form, _form_input(fields, uploads, set())  # files hashed once
         body = request.body
     except RawPostDataException:
         # The stream was consumed by a parser (DRF) before we ran: use its result.
         if parsed is None:
             raise
-        return _parsed_parts(parsed, media_type, exclude, form_exclude)
+        parts = _parsed_parts(parsed, media_type, exclude, form_exclude)
+        if not exclude and not form_exclude:
+            return parts, None
+        return parts, _parsed_parts(parsed, media_type, (), ())
     if is_json(media_type) and body:
         try:
             # Decoded with the declared charset, as DRF's JSONParser does: the same
@@ -277,10 +304,13 @@ def _body_parts(
             text = body.decode(request.encoding or settings.DEFAULT_CHARSET)
             data = exact_json.loads(text)  # numbers by their exact decimal value
         except (ValueError, LookupError):
-            return [b"raw", body]
+            return [b"raw", body], None
+        if not exclude:
+            return [b"json", exact_json.dumps(data)], None
+        sent = [b"json", exact_json.dumps(data)]
         # Parsed here, so nothing else holds ``data``: exclusions need no copy.
-        return [b"json", _canonical(data, exclude, copied=True)]
-    return [b"raw", body]
+        return [b"json", _canonical(data, exclude, copied=True)], sent
+    return [b"raw", body], None
 
 
 def compute(
@@ -322,7 +352,8 @@ def take(
 
     Returns:
         The :class:`~django_idempotency.protocol.digests.Fingerprint`: its ``value``
-        is what the record stores (``digests.LENGTH`` ASCII characters, ``fp2:``).
+        is what the record stores (``digests.LENGTH`` ASCII characters, ``fp3:``):
+        the digests of these inputs, and of the body as sent, with nothing left out.
 
     Raises:
         django.http.request.RawPostDataException: the body was consumed and no parsed
@@ -336,9 +367,10 @@ def take(
     query = _by_name(
         parse_qsl(request.META.get("QUERY_STRING", ""), keep_blank_values=True, encoding="latin-1")
     )
+    headers = tuple(headers)
     header_values = sorted((name.lower(), request.headers.get(name, "")) for name in headers)
     media_type = _media_type(request)
-    body = _body_parts(request, parsed_body, exclude, form_exclude, media_type)
+    body, sent = _body_inputs(request, parsed_body, exclude, form_exclude, media_type)
     return seal(
         (
             ((request.method or "").upper().encode("ascii", "replace"),),
@@ -349,5 +381,7 @@ def take(
                 *body,
                 *_media_type_parts(body, media_type),
             ),
-        )
+        ),
+        raw_body=None if sent is None else (*sent, *_media_type_parts(sent, media_type)),
+        header_names=headers,
     )

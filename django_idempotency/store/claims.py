@@ -32,6 +32,7 @@ from django_idempotency.models import IdempotencyRecord, RecordState
 from django_idempotency.store import clock, presence
 from django_idempotency.store.catalog import forget as forget_table_kind
 from django_idempotency.store.catalog import is_partitioned, reload_partition_map
+from django_idempotency.store.fingerprints import same_request
 from django_idempotency.store.isolation import (
     NOT_READ_COMMITTED,
     SERIALIZATION_FAILURE,
@@ -127,7 +128,7 @@ def claim(
 
     Args:
         scope: the record's identity.
-        fingerprint: the stored form from ``fingerprint.compute`` (at most 64 characters).
+        fingerprint: the stored form from ``fingerprint.compute`` (``fingerprints``).
         lease: seconds the claim holds off duplicates before it can be taken over.
         retention: seconds a completed response is kept and replayed.
         using: database alias; by default the router's choice for writes.
@@ -137,9 +138,9 @@ def claim(
 
     Returns:
         A :class:`Claim` when this request owns the key: a new record, a record past
-        its retention window reused, or an expired lease with the same fingerprint
-        taken over. Otherwise the :class:`Existing` record that stands: completed
-        (replay or 422), or claimed with a live lease (409).
+        its retention window reused, or an expired lease of the same request taken
+        over. Otherwise the :class:`Existing` record that stands: completed (replay or
+        422), or claimed with a live lease (409).
 
     Raises:
         django.db.DatabaseError: the database failed; nothing was claimed.
@@ -178,7 +179,7 @@ def _claim(
         if (
             not existing.completed
             and existing.lease_remaining <= 0
-            and existing.fingerprint == fingerprint
+            and same_request(existing.fingerprint, fingerprint)
         ):
             taken = _take_over(using, existing, token, lease)
             if taken is not None:

@@ -21,6 +21,7 @@ from django.db.models.expressions import RawSQL
 
 from django_idempotency.models import IdempotencyRecord, RecordState
 from django_idempotency.store import clock
+from django_idempotency.store.fingerprints import same_request
 from django_idempotency.store.routing import record_database
 from django_idempotency.store.rows import fetch, now_value
 from django_idempotency.store.sql import presence_key
@@ -131,7 +132,7 @@ def peek(scope: Scope, fingerprint: str, *, using: str | None = None) -> Existin
     if (
         not existing.completed
         and existing.lease_remaining <= 0
-        and existing.fingerprint == fingerprint
+        and same_request(existing.fingerprint, fingerprint)
     ):
         return None
     return existing

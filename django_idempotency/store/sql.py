@@ -7,6 +7,7 @@ statement takes it as ``%(clock_offset)s`` seconds.
 from __future__ import annotations
 
 from django_idempotency.store import clock
+from django_idempotency.store.fingerprints import same_request_sql
 
 _NOW = "(statement_timestamp() + %(clock_offset)s * interval '1 second')"
 _T = "django_idempotency_record"
@@ -43,6 +44,8 @@ _ASYNC_COMMIT = (
     "CASE WHEN %(async_commit)s THEN left(set_config('synchronous_commit', 'off', true), 0) "
     "ELSE '' END"
 )
+#: The record ``r`` and the claiming request are one request (``fingerprints``).
+_SAME_REQUEST = same_request_sql("r.fingerprint", "%(fingerprint)s::varchar")
 _HOLD = f"CASE WHEN owner_pid IS NOT NULL THEN pg_try_advisory_lock({_KEY}) ELSE false END"
 
 #: The claim: one statement, one round trip.
@@ -83,7 +86,7 @@ taken AS (
         owner_pid = CASE WHEN %(take)s THEN pg_backend_pid() END
     WHERE r.principal = %(principal)s AND r.endpoint = %(endpoint)s AND r.key = %(key)s
       AND %(test)s AND NOT EXISTS (SELECT 1 FROM claimed)
-      AND r.state = 'claimed' AND r.fingerprint = %(fingerprint)s
+      AND r.state = 'claimed' AND {_SAME_REQUEST}
       AND r.lease_until > {_NOW} AND r.owner_pid IS NOT NULL
       AND r.owner_pid <> pg_backend_pid()
       AND pg_try_advisory_xact_lock({_KEY})

@@ -2055,6 +2055,69 @@ MUTANTS: list[Mutant] = [
         ),
         backends=(SQLITE,),
         what="a replay without its Content-Type passes the conformance check",
+    # fingerprint.py: a blank query parameter is part of the query
+    m(
+        "FP1",
+        "protocol/fingerprint.py",
+        'parse_qsl(request.META.get("QUERY_STRING", ""), keep_blank_values=True, encoding=',
+        'parse_qsl(request.META.get("QUERY_STRING", ""), keep_blank_values=False, encoding=',
+        tests=(
+            "tests/protocol/test_key_reused_parts.py::"
+            "test_a_blank_query_parameter_is_another_request_than_no_query",
+        ),
+        what="?flag= and no query fingerprint alike: a key replays across them",
+    ),
+    # store/fingerprints.py: a record stored under other fingerprint settings
+    m(
+        "FP2",
+        "store/fingerprints.py",
+        "        or (first[3] != second[3] and first[1] == second[1])\n",
+        "",
+        tests=(
+            "tests/protocol/test_fingerprint_settings_change.py::"
+            "test_a_byte_identical_retry_replays_a_record_stored_under_other_settings",
+        ),
+        what="a record stored before a header was fingerprinted answers its retry 422",
+    ),
+    m(
+        "FP3",
+        "store/fingerprints.py",
+        '        f"OR {part(stored, 3)} = {part(value, 3)} "\n',
+        "",
+        tests=(
+            "tests/store/test_presence.py::"
+            "test_a_presence_takeover_of_a_claim_stored_under_other_settings",
+        ),
+        backends=(PG,),
+        what="the SQL takeover refuses a byte-identical retry after an exclusion was added",
+    ),
+    # client: headers it reads, a caller's key, its log lines
+    m(
+        "HX1",
+        "client/responses.py",
+        "    if _DELAY_SECONDS.fullmatch(value):\n",
+        "    if value.isdigit():\n",
+        tests=("tests/client/test_retry_after.py",),
+        backends=(SQLITE,),
+        what="Retry-After: \u00b2 raises ValueError out of post()",
+    ),
+    m(
+        "HX2",
+        "client/policy.py",
+        "        own = caller_key(headers)\n",
+        "        own = None\n",
+        tests=("tests/client/test_caller_key.py",),
+        backends=(SQLITE,),
+        what="a key in headers= is replaced by the client's own",
+    ),
+    m(
+        "HX3",
+        "client/logs.py",
+        "        if isinstance(details.caused_by, RetryAfter):\n            return None\n",
+        "",
+        tests=("tests/client/test_retry_logging.py",),
+        backends=(SQLITE,),
+        what="stamina prints a bare retry_scheduled line for each client retry",
     ),
 ]
 

@@ -35,6 +35,7 @@ from rest_framework.response import Response
 from django_idempotency import idempotent
 from django_idempotency.protocol import exact_json
 from django_idempotency.protocol.fingerprint import _body_parts, canonical_json, compute
+from django_idempotency.store.fingerprints import same_request
 
 rf = RequestFactory()
 
@@ -127,7 +128,7 @@ def test_a_very_long_exponent_is_hashed_raw():
 
 def test_exclusions_still_apply():
     a = fp('{"amount": 1e2, "client_ts": 1.5}', exclude=["client_ts"])
-    assert a == fp('{"amount": 100}', exclude=["client_ts"])
+    assert same_request(a, fp('{"amount": 100}', exclude=["client_ts"]))
 
 
 def consumed(body: str) -> HttpRequest:

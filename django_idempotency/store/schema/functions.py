@@ -24,6 +24,7 @@ fenced completion, on the plain and the partitioned table alike.
 
 from __future__ import annotations
 
+from django_idempotency.store.fingerprints import same_request_sql
 from django_idempotency.store.sql import PRESENCE_SEED
 
 TABLE = "django_idempotency_record"
@@ -49,6 +50,8 @@ SCHEMA_SWEEP_LOCK = LOCK_NAMESPACE + 2
 
 #: Seed of ``hashtextextended`` for the scope's advisory lock.
 _SCOPE_SEED = 7310034283826791680
+#: The record found and the claiming request are one request (``fingerprints``).
+_SAME_REQUEST = same_request_sql("v_row.fingerprint", "p_fingerprint")
 
 
 _SCOPE_LOCK = (
@@ -175,7 +178,7 @@ BEGIN{_READ_COMMITTED_ONLY}
     WHERE r.principal = p_principal AND r.endpoint = p_endpoint AND r.key = p_key;
     IF FOUND THEN
         IF p_test AND v_row.state = 'claimed' AND v_row.lease_until > v_now
-           AND v_row.fingerprint = p_fingerprint AND v_row.owner_pid IS NOT NULL
+           AND {_SAME_REQUEST} AND v_row.owner_pid IS NOT NULL
            AND v_row.owner_pid <> pg_backend_pid()
            AND pg_try_advisory_xact_lock(v_presence) THEN
             -- The owner's session is gone (its presence lock is free while its claim
