@@ -2,9 +2,11 @@
 
 :func:`url_patterns` never raises: without ``ROOT_URLCONF`` there is nothing to
 inspect, and a URLconf that cannot be imported is reported once by W009 (with its
-error) while every other check still runs. :func:`view_options` finds the
-idempotency options of every handler behind a URL: ``@idempotent`` functions and
-methods (above or below ``@api_view``) and ``IdempotentMixin`` classes.
+error) while every other check still runs. :func:`protected_endpoints` is the one
+listing of the protected endpoints the checks inspect: ``@idempotent`` functions and
+methods (above or below ``@api_view``), ``IdempotentMixin`` classes
+(:func:`view_options`), and the endpoints of integrations that register a finder
+(``protocol.endpoints``: Django Ninja's operations).
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from django.apps import AppConfig
 from django.conf import settings
 from django.core.checks import CheckMessage, Tags, Warning, register
 from django.urls import URLPattern, URLResolver, get_resolver
+
+from django_idempotency.protocol import endpoints
+from django_idempotency.protocol.endpoints import Endpoint
 
 
 def label(obj: Any) -> str:
@@ -65,6 +70,25 @@ def view_options(callback: Any) -> Iterator[tuple[Any, Any]]:
     if isinstance(actions, dict):
         for options in actions.values():
             yield view_class, options
+
+
+def protected_endpoints(urlconf: str | None = None) -> list[Endpoint]:
+    """Every protected endpoint behind the URLconf, of every kind, in URL order.
+
+    ``@idempotent`` views, ``IdempotentMixin`` views (``kind`` ``"view"``) and the
+    endpoints of registered integrations (``"ninja"``: each protected operation of a
+    mounted ``NinjaAPI``). An endpoint routed by several URLs is listed once per URL;
+    the checks report each once. Never raises (see :func:`url_patterns`).
+
+    Args:
+        urlconf: the dotted path of another URLconf to walk (django-tenants'
+            ``PUBLIC_SCHEMA_URLCONF``); ``None``: ``ROOT_URLCONF``.
+    """
+    listed: list[Endpoint] = []
+    for pattern in url_patterns(urlconf):
+        listed.extend(Endpoint(obj, opts, "view") for obj, opts in view_options(pattern.callback))
+        listed.extend(endpoints.found(pattern.callback))
+    return listed
 
 
 def _patterns(patterns: list[Any]) -> Iterator[URLPattern]:

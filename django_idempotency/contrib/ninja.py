@@ -27,7 +27,7 @@ This module imports ``ninja``; nothing else in the app imports this module.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial, wraps
 from inspect import iscoroutinefunction
 from types import MethodType
@@ -36,7 +36,7 @@ from typing import Any, TypeVar, overload
 from asgiref.sync import async_to_sync, sync_to_async
 from django.http.response import HttpResponseBase
 from ninja import NinjaAPI
-from ninja.operation import Operation
+from ninja.operation import Operation, PathView
 from ninja.utils import contribute_operation_callback
 
 from django_idempotency.conf import conf
@@ -48,7 +48,7 @@ from django_idempotency.contrib.openapi_parts import (
     policy,
 )
 from django_idempotency.principals import auth_token_principal, user_principal
-from django_idempotency.protocol import problems
+from django_idempotency.protocol import endpoints, problems
 from django_idempotency.protocol.begin import SAFE_METHODS
 from django_idempotency.protocol.handle import (
     atomic_requests_blocks,
@@ -108,6 +108,28 @@ def options_for(operation: Operation) -> Options | None:
     """The idempotency options protecting a Ninja ``operation``, or ``None``."""
     options = getattr(operation.view_func, _OPTIONS, None)
     return options if isinstance(options, Options) else None
+
+
+def _protected_operations(callback: Any) -> Iterator[tuple[Any, Options]]:
+    """(operation function, options) of each protected operation a URL view serves.
+
+    Ninja's URL view for a path closes over its ``PathView``, whose ``operations``
+    answer the path's methods. Registered with ``protocol.endpoints`` so that the
+    system checks list Ninja's operations beside the other protected endpoints.
+    """
+    for cell in getattr(callback, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if isinstance(value, PathView):
+            for operation in value.operations:
+                options = options_for(operation)
+                if options is not None:
+                    yield operation.view_func, options
+
+
+endpoints.register("ninja", _protected_operations)
 
 
 @overload
