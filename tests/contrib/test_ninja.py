@@ -452,7 +452,8 @@ def test_openapi_declares_the_header_and_problems_on_protected_operations_only()
     assert "Retention window: 24 hours" in header[0]["description"]
     for code in ("400", "409", "422"):
         content = protected["responses"][code]["content"]
-        assert list(content) == [PROBLEM]
+        assert PROBLEM in content
+        assert list(content) == [PROBLEM] or code == "422"  # and Ninja's validation error
         assert content[PROBLEM]["schema"]["required"] == ["type", "title", "status", "detail"]
     assert "Retry-After" in protected["responses"]["409"]["headers"]
     assert "Idempotent-Replayed" in protected["responses"]["201"]["headers"]
@@ -519,3 +520,38 @@ def test_with_atomic_requests_api_urls_a_concurrent_duplicate_gets_409(
     alice: Any, gate: Any, atomic_requests: None
 ):
     _in_flight_duplicate("widgets", alice, gate)
+
+
+# --- OpenAPI: Ninja's validation 422 beside the problem ----------------------------------
+
+
+def test_openapi_422_describes_ninjas_validation_error_beside_the_key_reused_problem() -> None:
+    from django_idempotency.contrib.ninja_openapi import VALIDATION_ERROR_SCHEMA
+
+    protected = _operations(api.get_openapi_schema())[("/ninja/widgets", "post")]
+    content = protected["responses"]["422"]["content"]
+    assert sorted(content) == ["application/json", PROBLEM]
+    assert content["application/json"]["schema"] == VALIDATION_ERROR_SCHEMA
+    assert content[PROBLEM]["schema"]["required"] == ["type", "title", "status", "detail"]
+    assert "validation" in protected["responses"]["422"]["description"]
+
+
+def test_openapi_a_declared_422_keeps_its_schema_beside_the_problem() -> None:
+    from ninja import Schema
+
+    class Refused(Schema):
+        reason: str
+
+    local = Router()
+
+    @local.post("/declared", response={201: dict[str, Any], 422: Refused})
+    @idempotent
+    def declared(request: Any, payload: dict[str, Any]) -> Any:
+        return {}
+
+    declaring = NinjaAPI(urls_namespace=f"declared-{uuid.uuid4().hex}")
+    declaring.add_router("/", local)
+    schema = declaring.get_openapi_schema(path_prefix="/api/")
+    content = _operations(schema)[("/api/declared", "post")]["responses"]["422"]["content"]
+    assert sorted(content) == ["application/json", PROBLEM]
+    assert content["application/json"]["schema"] == {"$ref": "#/components/schemas/Refused"}
