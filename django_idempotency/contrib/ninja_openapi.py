@@ -22,7 +22,6 @@ from django_idempotency.protocol.keys import HEADER
 from django_idempotency.protocol.options import Options
 from django_idempotency.protocol.responses import REPLAYED_HEADER
 
-
 _JSON = "application/json"
 
 #: Ninja's own answer to an invalid request (its default ``ValidationError`` handler):
