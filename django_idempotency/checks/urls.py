@@ -133,7 +133,7 @@ def check_urlconf_readable(
 ) -> list[CheckMessage]:
     """W009: the URLconf cannot be imported, so the checks of the views did not run.
 
-    Reported once for all of them (W001, W002, W005, W008, E008, E009, E010); a
+    Reported once for all of them (W001, W002, W005, W008, W011, E008, E009, E010); a
     settings module without ``ROOT_URLCONF`` serves no views and gets no message.
     """
     reason = _read_urlconf()[1]
@@ -143,7 +143,7 @@ def check_urlconf_readable(
         Warning(
             f"The URL configuration {settings.ROOT_URLCONF!r} could not be imported "
             f"({reason}), so django-idempotency could not inspect the views: W001, W002, "
-            "W005, W008, E008, E009 and E010 did not check them.",
+            "W005, W008, W011, E008, E009 and E010 did not check them.",
             hint=f"Fix the error: `python -c 'import {settings.ROOT_URLCONF}'` shows where "
             "it happens. Then run the checks again.",
             obj=str(settings.ROOT_URLCONF),

@@ -62,7 +62,7 @@ __all__ = [
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-logger = logging.getLogger("django_idempotency.ninja")
+logger = logging.getLogger("django_idempotency")
 
 #: Attribute of a protected operation function: its :class:`Options`.
 _OPTIONS = "_idempotency_ninja_options"
@@ -96,7 +96,7 @@ def auth_principal(request: Any) -> str | None:
     token replays. A credential that names no user (a bare string, bytes or integer
     token, a JWT, an API key row without ``user``) gives ``None``: the keyed request is
     refused (``403 no-principal``), nothing claimed, and a warning is logged once per
-    operation on the ``django_idempotency.ninja`` logger. Return the user from
+    operation on the ``django_idempotency`` logger. Return the user from
     ``authenticate()``, or pass ``principal=`` to :func:`idempotent` (a resolver of
     your own, or :func:`credential_principal`, which keys on the credential itself).
 
