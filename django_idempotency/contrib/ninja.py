@@ -13,15 +13,20 @@ or API) and throttling, then the parameters and the body are parsed and validate
 the key is claimed and the operation runs. What it returns (a dict, a ``Schema``, a
 ``Status``, an ``HttpResponse``) is rendered through the API's renderer and the
 response models, as Ninja would, and those bytes are stored; a retry gets them back
-byte for byte with ``Idempotent-Replayed: true``. The principal is taken from
-``request.auth`` (:func:`auth_principal`; ``principal=`` chooses another), the endpoint
-from the operation's route (``"POST /api/workers/{worker_id}/reboot"``), the fingerprint
-from the raw body. The operation's OpenAPI schema (``api.get_openapi_schema()``)
-declares the ``Idempotency-Key`` header, the ``400``/``409``/``422`` problem responses
-and the ``x-idempotency`` key policy. With ``ATOMIC_REQUESTS``, mount the API with
+byte for byte with ``Idempotent-Replayed: true``. The principal is the user
+``request.auth`` stands for (:func:`auth_principal`; ``principal=`` chooses another,
+:func:`credential_principal` the credential itself), the endpoint from the operation's
+route (``"POST /api/workers/{worker_id}/reboot"``), the fingerprint from the body (for
+a PUT or PATCH with files, from what ``fix_request_files_middleware`` parsed). The
+operation's OpenAPI schema (``api.get_openapi_schema()``) declares the
+``Idempotency-Key`` header, the ``400``/``409``/``422`` problem responses (Ninja's
+validation error beside the ``422``) and the ``x-idempotency`` key policy
+(``contrib.ninja_openapi``). The system checks list protected operations with the
+other protected endpoints (``protocol.endpoints``). With ``ATOMIC_REQUESTS``, mount the API with
 :func:`api_urls` so that protected operations claim outside the request's transaction.
 
-This module imports ``ninja``; nothing else in the app imports this module.
+This module (and ``ninja_openapi``) imports ``ninja``; nothing else in the app imports
+them.
 """
 
 from __future__ import annotations
