@@ -17,7 +17,15 @@ class IdempotencyConfig(AppConfig):
     def ready(self) -> None:
         """Register the system checks (``django_idempotency.E001`` ...) and the log receivers."""
         from django_idempotency import logging
-        from django_idempotency.checks import databases, settings, stacking, tenants, urls, views
+        from django_idempotency.checks import (
+            actions,
+            databases,
+            settings,
+            stacking,
+            tenants,
+            urls,
+            views,
+        )
 
-        del databases, settings, stacking, tenants, urls, views  # they register on import
+        del actions, databases, settings, stacking, tenants, urls, views  # they register on import
         logging.connect()

@@ -16,7 +16,7 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
 from django.db import connections, router
 
-from django_idempotency.checks.urls import url_patterns, view_options
+from django_idempotency.checks.urls import protected_endpoints
 from django_idempotency.conf import conf
 from django_idempotency.store.routing import all_databases, record_database
 
@@ -26,13 +26,12 @@ _DOCS = "docs/deployment.md, 'Several databases'"
 def _static_usings() -> Iterator[tuple[str, object]]:
     """(view name, ``using=`` value) of every idempotent view that sets one."""
     seen: set[tuple[int, str]] = set()
-    for pattern in url_patterns():
-        for obj, options in view_options(pattern.callback):
-            using = options.get("using") if isinstance(options, dict) else options.using
-            if using is None or (id(obj), repr(using)) in seen:
-                continue
-            seen.add((id(obj), repr(using)))
-            yield f"{obj.__module__}.{getattr(obj, '__qualname__', obj)}", using
+    for obj, options, _kind in protected_endpoints():
+        using = options.get("using") if isinstance(options, dict) else options.using
+        if using is None or (id(obj), repr(using)) in seen:
+            continue
+        seen.add((id(obj), repr(using)))
+        yield f"{obj.__module__}.{getattr(obj, '__qualname__', obj)}", using
 
 
 @register(Tags.database)

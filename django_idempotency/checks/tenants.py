@@ -16,7 +16,7 @@ from django.apps import AppConfig
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 
-from django_idempotency.checks.urls import url_patterns, view_options
+from django_idempotency.checks.urls import protected_endpoints
 
 APP = "django_idempotency"
 _DOCS = "docs/tenants.md"
@@ -81,8 +81,7 @@ def check_public_urlconf(
     views = sorted(
         {
             f"{obj.__module__}.{getattr(obj, '__qualname__', obj)}"
-            for pattern in url_patterns(str(urlconf))
-            for obj, _options in view_options(pattern.callback)
+            for obj, _options, _kind in protected_endpoints(str(urlconf))
         }
     )
     if not views:

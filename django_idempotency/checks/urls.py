@@ -2,9 +2,11 @@
 
 :func:`url_patterns` never raises: without ``ROOT_URLCONF`` there is nothing to
 inspect, and a URLconf that cannot be imported is reported once by W009 (with its
-error) while every other check still runs. :func:`view_options` finds the
-idempotency options of every handler behind a URL: ``@idempotent`` functions and
-methods (above or below ``@api_view``) and ``IdempotentMixin`` classes.
+error) while every other check still runs. :func:`protected_endpoints` is the one
+listing of the protected endpoints the checks inspect: ``@idempotent`` functions and
+methods (above or below ``@api_view``), ``IdempotentMixin`` classes
+(:func:`view_options`), and the endpoints of integrations that register a finder
+(``protocol.endpoints``: Django Ninja's operations).
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ from django.apps import AppConfig
 from django.conf import settings
 from django.core.checks import CheckMessage, Tags, Warning, register
 from django.urls import URLPattern, URLResolver, get_resolver
+
+from django_idempotency.protocol import endpoints
+from django_idempotency.protocol.endpoints import Endpoint
 
 
 def label(obj: Any) -> str:
@@ -67,6 +72,25 @@ def view_options(callback: Any) -> Iterator[tuple[Any, Any]]:
             yield view_class, options
 
 
+def protected_endpoints(urlconf: str | None = None) -> list[Endpoint]:
+    """Every protected endpoint behind the URLconf, of every kind, in URL order.
+
+    ``@idempotent`` views, ``IdempotentMixin`` views (``kind`` ``"view"``) and the
+    endpoints of registered integrations (``"ninja"``: each protected operation of a
+    mounted ``NinjaAPI``). An endpoint routed by several URLs is listed once per URL;
+    the checks report each once. Never raises (see :func:`url_patterns`).
+
+    Args:
+        urlconf: the dotted path of another URLconf to walk (django-tenants'
+            ``PUBLIC_SCHEMA_URLCONF``); ``None``: ``ROOT_URLCONF``.
+    """
+    listed: list[Endpoint] = []
+    for pattern in url_patterns(urlconf):
+        listed.extend(Endpoint(obj, opts, "view") for obj, opts in view_options(pattern.callback))
+        listed.extend(endpoints.found(pattern.callback))
+    return listed
+
+
 def _patterns(patterns: list[Any]) -> Iterator[URLPattern]:
     for pattern in patterns:
         if isinstance(pattern, URLResolver):
@@ -109,7 +133,7 @@ def check_urlconf_readable(
 ) -> list[CheckMessage]:
     """W009: the URLconf cannot be imported, so the checks of the views did not run.
 
-    Reported once for all of them (W001, W002, W005, W008, E008, E009, E010); a
+    Reported once for all of them (W001, W002, W005, W008, W011, E008, E009, E010); a
     settings module without ``ROOT_URLCONF`` serves no views and gets no message.
     """
     reason = _read_urlconf()[1]
@@ -119,7 +143,7 @@ def check_urlconf_readable(
         Warning(
             f"The URL configuration {settings.ROOT_URLCONF!r} could not be imported "
             f"({reason}), so django-idempotency could not inspect the views: W001, W002, "
-            "W005, W008, E008, E009 and E010 did not check them.",
+            "W005, W008, W011, E008, E009 and E010 did not check them.",
             hint=f"Fix the error: `python -c 'import {settings.ROOT_URLCONF}'` shows where "
             "it happens. Then run the checks again.",
             obj=str(settings.ROOT_URLCONF),

@@ -19,11 +19,12 @@ from django.db import transaction
 from django_idempotency.checks.urls import (
     as_duration,
     label,
+    protected_endpoints,
     url_patterns,
-    view_options,
     wraps_function,
 )
 from django_idempotency.conf import conf
+from django_idempotency.protocol import endpoints
 from django_idempotency.protocol.decorators import DECORATED
 
 
@@ -44,29 +45,28 @@ def check_view_retention(
         return []  # reported by E006
     warnings: list[CheckMessage] = []
     seen: set[tuple[int, float]] = set()
-    for pattern in url_patterns():
-        for obj, options in view_options(pattern.callback):
-            value = options.get("retention") if isinstance(options, dict) else options.retention
-            try:
-                seconds = float(value) if value is not None else None
-            except (TypeError, ValueError):
-                continue
-            if seconds is None or seconds <= limit or (id(obj), seconds) in seen:
-                continue
-            seen.add((id(obj), seconds))
-            warnings.append(
-                Warning(
-                    f"{label(obj)} declares a retention of "
-                    f"{as_duration(seconds)}, longer than IDEMPOTENCY['MAX_RETENTION'] "
-                    f"({as_duration(limit)}). Its keys are kept for their whole window, but on a "
-                    "partitioned PostgreSQL table its claims may have to create their "
-                    "day's partition themselves, and wait behind the sweeper.",
-                    hint="Raise MAX_RETENTION to the longest retention of any view: the "
-                    "sweeper then creates every partition a claim needs ahead of time.",
-                    obj=label(obj),
-                    id="django_idempotency.W002",
-                )
+    for obj, options, _kind in protected_endpoints():
+        value = options.get("retention") if isinstance(options, dict) else options.retention
+        try:
+            seconds = float(value) if value is not None else None
+        except (TypeError, ValueError):
+            continue
+        if seconds is None or seconds <= limit or (id(obj), seconds) in seen:
+            continue
+        seen.add((id(obj), seconds))
+        warnings.append(
+            Warning(
+                f"{label(obj)} declares a retention of "
+                f"{as_duration(seconds)}, longer than IDEMPOTENCY['MAX_RETENTION'] "
+                f"({as_duration(limit)}). Its keys are kept for their whole window, but on a "
+                "partitioned PostgreSQL table its claims may have to create their "
+                "day's partition themselves, and wait behind the sweeper.",
+                hint="Raise MAX_RETENTION to the longest retention of any view: the "
+                "sweeper then creates every partition a claim needs ahead of time.",
+                obj=label(obj),
+                id="django_idempotency.W002",
             )
+        )
     return warnings
 
 
@@ -85,7 +85,7 @@ def check_atomic_requests(
     }
     if not atomic_aliases:
         return []
-    warnings: list[CheckMessage] = []
+    warnings: list[CheckMessage] = _integrations_in_atomic_requests(atomic_aliases)
     seen: set[int] = set()
     for pattern in url_patterns():
         callback = pattern.callback
@@ -117,6 +117,44 @@ def check_atomic_requests(
                     "name='dispatch'). For an @api_view function, put @idempotent "
                     "above @api_view.",
                     obj=label(view_class),
+                    id="django_idempotency.W001",
+                )
+            )
+    return warnings
+
+
+#: How to exempt the URL views of an integration from ``ATOMIC_REQUESTS``, by kind.
+_EXEMPT_HINTS = {
+    "ninja": "Mount the API with django_idempotency.contrib.ninja.api_urls(api) instead "
+    "of api.urls: its URL views claim first, then run each operation in its own "
+    "transaction (docs/ninja.md).",
+}
+
+
+def _integrations_in_atomic_requests(atomic_aliases: set[str]) -> list[CheckMessage]:
+    """W001 for the protected endpoints of integrations (Ninja) inside ATOMIC_REQUESTS."""
+    warnings: list[CheckMessage] = []
+    seen: set[int] = set()
+    for pattern in url_patterns():
+        callback = pattern.callback
+        exempt: Container[str] = getattr(callback, "_non_atomic_requests", set())
+        if all(alias in exempt for alias in atomic_aliases):
+            continue
+        for obj, _options, kind in endpoints.found(callback):
+            if id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            warnings.append(
+                Warning(
+                    f"{label(obj)} is @idempotent but its URL view runs inside "
+                    "ATOMIC_REQUESTS, so its claims cannot commit on their own: "
+                    "duplicates will wait for the original instead of getting a 409.",
+                    hint=_EXEMPT_HINTS.get(
+                        kind,
+                        "Exempt its URL view from ATOMIC_REQUESTS "
+                        "(transaction.non_atomic_requests).",
+                    ),
+                    obj=label(obj),
                     id="django_idempotency.W001",
                 )
             )

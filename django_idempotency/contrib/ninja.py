@@ -13,21 +13,27 @@ or API) and throttling, then the parameters and the body are parsed and validate
 the key is claimed and the operation runs. What it returns (a dict, a ``Schema``, a
 ``Status``, an ``HttpResponse``) is rendered through the API's renderer and the
 response models, as Ninja would, and those bytes are stored; a retry gets them back
-byte for byte with ``Idempotent-Replayed: true``. The principal is taken from
-``request.auth`` (:func:`auth_principal`; ``principal=`` chooses another), the endpoint
-from the operation's route (``"POST /api/workers/{worker_id}/reboot"``), the fingerprint
-from the raw body. The operation's OpenAPI schema (``api.get_openapi_schema()``)
-declares the ``Idempotency-Key`` header, the ``400``/``409``/``422`` problem responses
-and the ``x-idempotency`` key policy. With ``ATOMIC_REQUESTS``, mount the API with
+byte for byte with ``Idempotent-Replayed: true``. The principal is the user
+``request.auth`` stands for (:func:`auth_principal`; ``principal=`` chooses another,
+:func:`credential_principal` the credential itself), the endpoint from the operation's
+route (``"POST /api/workers/{worker_id}/reboot"``), the fingerprint from the body (for
+a PUT or PATCH with files, from what ``fix_request_files_middleware`` parsed). The
+operation's OpenAPI schema (``api.get_openapi_schema()``) declares the
+``Idempotency-Key`` header, the ``400``/``409``/``422`` problem responses (Ninja's
+validation error beside the ``422``) and the ``x-idempotency`` key policy
+(``contrib.ninja_openapi``). The system checks list protected operations with the
+other protected endpoints (``protocol.endpoints``). With ``ATOMIC_REQUESTS``, mount the API with
 :func:`api_urls` so that protected operations claim outside the request's transaction.
 
-This module imports ``ninja``; nothing else in the app imports this module.
+This module (and ``ninja_openapi``) imports ``ninja``; nothing else in the app imports
+them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Iterator
 from functools import partial, wraps
 from inspect import iscoroutinefunction
 from types import MethodType
@@ -36,19 +42,12 @@ from typing import Any, TypeVar, overload
 from asgiref.sync import async_to_sync, sync_to_async
 from django.http.response import HttpResponseBase
 from ninja import NinjaAPI
-from ninja.operation import Operation
+from ninja.operation import Operation, PathView
 from ninja.utils import contribute_operation_callback
 
-from django_idempotency.conf import conf
-from django_idempotency.contrib.openapi_parts import (
-    EXTENSION,
-    PROBLEM_RESPONSES,
-    PROBLEM_SCHEMA,
-    header_description,
-    policy,
-)
-from django_idempotency.principals import auth_token_principal, user_principal
-from django_idempotency.protocol import problems
+from django_idempotency.contrib.ninja_openapi import openapi_extra
+from django_idempotency.principals import auth_token_principal
+from django_idempotency.protocol import endpoints
 from django_idempotency.protocol.begin import SAFE_METHODS
 from django_idempotency.protocol.handle import (
     atomic_requests_blocks,
@@ -56,13 +55,19 @@ from django_idempotency.protocol.handle import (
     mark_non_atomic,
     run,
 )
-from django_idempotency.protocol.keys import HEADER
 from django_idempotency.protocol.options import Options
-from django_idempotency.protocol.responses import REPLAYED_HEADER
 
-__all__ = ["api_urls", "auth_principal", "idempotent", "options_for"]
+__all__ = [
+    "api_urls",
+    "auth_principal",
+    "credential_principal",
+    "idempotent",
+    "options_for",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+logger = logging.getLogger("django_idempotency")
 
 #: Attribute of a protected operation function: its :class:`Options`.
 _OPTIONS = "_idempotency_ninja_options"
@@ -74,40 +79,115 @@ _OPERATION = "_idempotency_ninja_operation"
 _IN_ATOMIC_REQUESTS = "_idempotency_in_atomic_requests"
 
 
-def auth_principal(request: Any) -> str | None:
-    """The principal of a Ninja request: who ``request.auth`` says authenticated.
+def _user_label(user: Any) -> str | None:
+    """``"<app_label>.<model>:<pk>"`` of an authenticated user model instance, else ``None``."""
+    meta = getattr(user, "_meta", None)
+    if meta is None or getattr(user, "pk", None) is None:
+        return None
+    if getattr(user, "is_authenticated", False) is not True:
+        return None
+    return f"{meta.label_lower}:{user.pk}"
 
-    Ninja sets ``request.auth`` to what the operation's authentication returned. A user
-    (a model instance whose ``is_authenticated`` is true) is ``"<app_label>.<model>:<pk>"``,
-    as :func:`~django_idempotency.principals.user_principal` names it; another model
-    instance (an API key row) is named by its model label and the SHA-256 of its primary
-    key, and a string, bytes or integer credential (a token, a JWT) by its SHA-256
-    (:func:`~django_idempotency.principals.auth_token_principal`): the credential itself
-    is never stored. Anything else (``True``, an object of your own) falls back to
-    Django's ``request.user`` (:func:`~django_idempotency.principals.user_principal`).
-    Returns ``None`` (the keyed request is refused, nothing claimed) when there is no
-    principal; pass ``principal=`` to :func:`idempotent` to scope keys otherwise.
+
+def auth_principal(request: Any) -> str | None:
+    """The principal of a Ninja request: the user its credential stands for.
+
+    Ninja sets ``request.auth`` to what the operation's authentication returned. The
+    principal is ``"<app_label>.<model>:<pk>"`` of, in this order: ``request.auth``
+    when it is a user (a model instance whose ``is_authenticated`` is true);
+    ``request.auth.user`` when it is a credential row of a user (DRF's ``Token``, an
+    OAuth access token); Django's ``request.user`` when it is authenticated. So a
+    client whose access token is refreshed keeps its keys: the same key with the new
+    token replays. A credential that names no user (a bare string, bytes or integer
+    token, a JWT, an API key row without ``user``) gives ``None``: the keyed request is
+    refused (``403 no-principal``), nothing claimed, and a warning is logged once per
+    operation on the ``django_idempotency`` logger. Return the user from
+    ``authenticate()``, or pass ``principal=`` to :func:`idempotent` (a resolver of
+    your own, or :func:`credential_principal`, which keys on the credential itself).
+
+    Args:
+        request: the Django ``HttpRequest`` Ninja serves.
+    """
+    auth = getattr(request, "auth", None)
+    for candidate in (auth, getattr(auth, "user", None), getattr(request, "user", None)):
+        principal = _user_label(candidate)
+        if principal is not None:
+            return principal
+    if auth is not None and not isinstance(auth, bool):
+        _warn_credential_without_user(request, auth)
+    return None
+
+
+def credential_principal(request: Any) -> str | None:
+    """The principal of a Ninja request: its credential itself, never stored.
+
+    A string, bytes or integer credential (a token, a JWT, an API key) is named by its
+    SHA-256 (``"credential:<hex>"``), a credential row by its model label and the
+    SHA-256 of its primary key
+    (:func:`~django_idempotency.principals.auth_token_principal`). Pass it as
+    ``@idempotent(principal=credential_principal)`` for credentials that are the
+    client's identity and never change (a long-lived API key of a service account).
+    Keys are then scoped by the credential: after a token is refreshed or rotated, the
+    same key is another principal's, and the operation runs again. Returns ``None``
+    (refused) without a credential.
 
     Args:
         request: the Django ``HttpRequest`` Ninja serves.
     """
     auth = getattr(request, "auth", None)
     if auth is None or isinstance(auth, bool):
-        return user_principal(request)
-    meta = getattr(auth, "_meta", None)
-    if meta is not None and getattr(auth, "pk", None) is not None:
-        if getattr(auth, "is_authenticated", False) is True:  # a user, as user_principal
-            return f"{meta.label_lower}:{auth.pk}"
-        return auth_token_principal(request)
-    if isinstance(auth, (str, bytes, int)):
-        return auth_token_principal(request)
-    return user_principal(request)
+        return None
+    return auth_token_principal(request)
+
+
+#: Operations whose credential without a user was logged (once each per process).
+_WARNED: set[str] = set()
+
+
+def _warn_credential_without_user(request: Any, auth: Any) -> None:
+    operation = getattr(request, _OPERATION, None)
+    view = getattr(operation, "view_func", None)
+    name = f"{getattr(view, '__module__', '')}.{getattr(view, '__qualname__', '?')}"
+    if name in _WARNED:
+        return
+    _WARNED.add(name)
+    logger.warning(
+        "%s: request.auth is a %s that names no user, so keyed requests are refused "
+        "(403 no-principal). Return the user the credential stands for from "
+        "authenticate(), or pass principal= to @idempotent (credential_principal keys "
+        "on the credential itself: a refreshed token is then another principal).",
+        name,
+        type(auth).__name__,
+        extra={"operation": name},
+    )
 
 
 def options_for(operation: Operation) -> Options | None:
     """The idempotency options protecting a Ninja ``operation``, or ``None``."""
     options = getattr(operation.view_func, _OPTIONS, None)
     return options if isinstance(options, Options) else None
+
+
+def _protected_operations(callback: Any) -> Iterator[tuple[Any, Options]]:
+    """(operation function, options) of each protected operation a URL view serves.
+
+    Ninja's URL view for a path closes over its ``PathView``, whose ``operations``
+    answer the path's methods. Registered with ``protocol.endpoints`` so that the
+    system checks list Ninja's operations beside the other protected endpoints.
+    """
+    for cell in getattr(callback, "__closure__", None) or ():
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if isinstance(value, PathView):
+            for operation in value.operations:
+                options = options_for(operation)
+                if options is not None:
+                    yield operation.view_func, options
+
+
+endpoints.register("ninja", _protected_operations)
 
 
 @overload
@@ -226,7 +306,7 @@ def _install(options: Options, operation: Operation) -> None:
     for decorate in decorators:
         bound = decorate(bound)
     operation.run = bound  # type: ignore[method-assign]
-    operation.openapi_extra = _openapi_extra(options, operation)
+    operation.openapi_extra = openapi_extra(options, operation)
 
 
 def _remember_operation(operation_run: Any) -> Any:
@@ -287,52 +367,3 @@ def _protect(view: Callable[..., Any], options: Options, view_name: str) -> Call
         return run(request, options, view_name, call, make_finalizer(request, (), {}))
 
     return _sync_operation
-
-
-def _openapi_extra(options: Options, operation: Operation) -> dict[str, Any]:
-    """The operation's ``openapi_extra`` with the idempotency header and responses."""
-    extra: dict[str, Any] = dict(operation.openapi_extra or {})
-    if options.key is None:  # key= reads its own field of the request
-        extra["parameters"] = [
-            {
-                "in": "header",
-                "name": HEADER,
-                "required": options.get_required(),
-                "schema": {"type": "string", "minLength": 1, "maxLength": conf.max_key_length},
-                "description": header_description(options),
-            },
-            *extra.get("parameters", []),
-        ]
-    # Keyed by status code as ``int``, as Ninja keys the responses it generates, so
-    # these merge into Ninja's own (``openapi_extra`` is merged key by key).
-    responses: dict[Any, Any] = dict(extra.get("responses", {}))
-    for code in operation.response_models:
-        if isinstance(code, int) and 200 <= code < 300:
-            response = dict(responses.get(code, {}))
-            response["headers"] = {
-                REPLAYED_HEADER: {
-                    "schema": {"type": "string", "enum": ["true"]},
-                    "description": "Present when this is a replay of the stored response.",
-                },
-                **response.get("headers", {}),
-            }
-            responses[code] = response
-    for text, description in PROBLEM_RESPONSES.items():
-        code = int(text)
-        response = {
-            "description": description,
-            "content": {problems.CONTENT_TYPE: {"schema": dict(PROBLEM_SCHEMA)}},
-            **responses.get(code, {}),
-        }
-        if code == 409:
-            response["headers"] = {
-                "Retry-After": {
-                    "schema": {"type": "integer", "minimum": 0},
-                    "description": "Seconds to wait before retrying with the same key.",
-                },
-                **response.get("headers", {}),
-            }
-        responses[code] = response
-    extra["responses"] = responses
-    extra.setdefault(EXTENSION, policy(options))
-    return extra

@@ -252,12 +252,18 @@ class IdempotentMixin:
             ``{"create": {"retention": 7 * 86400}, "reboot": {}}``.
         idempotency_options: options for every protected action of the view (the
             keyword options of ``@idempotent``).
+        idempotency_exempt_actions: action names deliberately left unprotected: they
+            run without a claim, a key or not (a mutating action that is neither
+            protected nor exempt is reported by the system check W011). With
+            ``idempotent_actions = None``, these are taken out of "every unsafe
+            handler".
 
     Handlers already decorated with ``@idempotent`` keep their own options.
     """
 
     idempotent_actions: Iterable[str] | Mapping[str, Mapping[str, Any]] | None = None
     idempotency_options: Mapping[str, Any] = {}
+    idempotency_exempt_actions: Iterable[str] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Validate the options when the class is defined, as ``@idempotent`` does.
@@ -266,17 +272,28 @@ class IdempotentMixin:
             TypeError: an unknown option or an invalid value (a misspelt option would
                 otherwise fail on every request); the mixin after the view class in the
                 bases, or on a Django (not DRF) class-based view: its methods would
-                never run and no request would be protected.
+                never run and no request would be protected; ``idempotent_actions`` or
+                ``idempotency_exempt_actions`` a string, or an action in both.
         """
         super().__init_subclass__(**kwargs)
         _refuse_misplaced_mixin(cls)
         Options.from_kwargs(**dict(cls.idempotency_options))
         actions = cls.idempotent_actions
-        if isinstance(actions, str):
-            raise TypeError(f"{cls.__qualname__}.idempotent_actions must be a list, not a string")
+        for name, value in (
+            ("idempotent_actions", actions),
+            ("idempotency_exempt_actions", cls.idempotency_exempt_actions),
+        ):
+            if isinstance(value, str):
+                raise TypeError(f"{cls.__qualname__}.{name} must be a list, not a string")
         if isinstance(actions, Mapping):
             for options in actions.values():
                 Options.from_kwargs(**dict(options))
+        both = sorted(set(actions or ()) & set(cls.idempotency_exempt_actions))
+        if both:
+            raise TypeError(
+                f"{cls.__qualname__} both protects and exempts {', '.join(map(repr, both))}: "
+                "list each action in idempotent_actions or in idempotency_exempt_actions."
+            )
 
     def get_content_negotiator(self) -> BaseContentNegotiation:
         """The view's negotiation, replay-aware (:class:`ReplayNegotiationMixin`)."""
@@ -303,6 +320,8 @@ class IdempotentMixin:
         return cache[action]
 
     def _build_options(self, action: str) -> Options | None:
+        if action in self.idempotency_exempt_actions:
+            return None
         base = Options.from_kwargs(**dict(self.idempotency_options))
         actions = self.idempotent_actions
         if actions is None:

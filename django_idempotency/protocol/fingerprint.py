@@ -227,6 +227,21 @@ def _parse_form(request: HttpRequest, media_type: str, body: bytes | None) -> tu
     return request.parse_file_upload(request.META, io.BytesIO(body))
 
 
+def _loaded_form(request: HttpRequest, media_type: str) -> tuple[Any, Any] | None:
+    """(fields, files) a middleware parsed from a form body it consumed, else ``None``.
+
+    Django parses the form bodies of POST only; Django Ninja's
+    ``fix_request_files_middleware`` parses those of PUT and PATCH too (filling
+    ``request.POST`` and ``request.FILES``), which consumes the stream. What it parsed
+    is the body: the same fields and files give the same parts as a POST's. An empty
+    result tells nothing (the stream may have been read by someone else): ``None``.
+    """
+    if media_type not in _FORM_TYPES:
+        return None
+    post, files = request.POST, request.FILES
+    return (post, files) if post or files else None
+
+
 def _json_default(value: Any) -> Any:
     if hasattr(value, "chunks") and hasattr(value, "seek"):  # an uploaded file
         return _upload(value)
@@ -292,7 +307,12 @@ def _body_inputs(
     except RawPostDataException:
         # The stream was consumed by a parser (DRF) before we ran: use its result.
         if parsed is None:
-            raise
+            form = _loaded_form(request, media_type)
+            if form is None:
+                raise
+            skip = (*exclude, *form_exclude)
+            form_parts = _form_parts(*form, skip)
+            return form_parts, (_form_parts(*form, ()) if skip else None)
         parts = _parsed_parts(parsed, media_type, exclude, form_exclude)
         if not exclude and not form_exclude:
             return parts, None

@@ -19,7 +19,12 @@ from ninja import NinjaAPI, Router
 from ninja.testing import TestAsyncClient, TestClient
 
 from django_idempotency.contrib import ninja as contrib_ninja
-from django_idempotency.contrib.ninja import auth_principal, idempotent, options_for
+from django_idempotency.contrib.ninja import (
+    auth_principal,
+    credential_principal,
+    idempotent,
+    options_for,
+)
 from django_idempotency.models import IdempotencyRecord, OutboxMessage
 from django_idempotency.protocol.keys import HEADER
 from tests.support.ninja_api import api, router
@@ -62,7 +67,13 @@ def post(
 
 def test_the_public_names_of_the_ninja_integration() -> None:
     module = importlib.import_module("django_idempotency.contrib.ninja")
-    assert sorted(module.__all__) == ["api_urls", "auth_principal", "idempotent", "options_for"]
+    assert sorted(module.__all__) == [
+        "api_urls",
+        "auth_principal",
+        "credential_principal",
+        "idempotent",
+        "options_for",
+    ]
     for name in module.__all__:
         assert callable(getattr(module, name))
 
@@ -150,25 +161,32 @@ def test_the_principal_is_request_auth_two_users_one_key_two_executions(alice: A
     assert principals == {f"auth.user:{alice.user.pk}", f"auth.user:{bob.user.pk}"}
 
 
-def test_auth_principal_names_each_kind_of_credential(db: Any, alice: Any) -> None:
+def test_auth_principal_names_the_user_each_kind_of_credential_stands_for(
+    db: Any, alice: Any
+) -> None:
     import hashlib
 
-    def principal(auth: Any, user: Any = None) -> str | None:
-        return auth_principal(type("Request", (), {"auth": auth, "user": user})())
+    def request(auth: Any, user: Any = None) -> Any:
+        return type("Request", (), {"auth": auth, "user": user})()
 
+    user = f"auth.user:{alice.user.pk}"
+    assert auth_principal(request(alice.user)) == user
+    assert auth_principal(request(alice)) == user  # a token row: its user
+    assert auth_principal(request("tok-1", alice.user)) == user  # request.user
+    assert auth_principal(request(True, alice.user)) == user
+    assert auth_principal(request("tok-1")) is None  # names no user: refused
+    assert auth_principal(request(object(), None)) is None
+    assert auth_principal(request(None, None)) is None
     digest = hashlib.sha256(b"tok-1").hexdigest()
-    assert principal(alice.user) == f"auth.user:{alice.user.pk}"
-    assert principal(alice) == (
+    assert credential_principal(request("tok-1", alice.user)) == f"credential:{digest}"
+    assert credential_principal(request(alice)) == (
         f"authtoken.token:{hashlib.sha256(alice.pk.encode()).hexdigest()}"
     )  # a token row: its primary key is the secret
-    assert principal("tok-1") == f"credential:{digest}"
-    assert principal(True, alice.user) == f"auth.user:{alice.user.pk}"
-    assert principal(object(), None) is None
-    assert principal(None, None) is None
+    assert credential_principal(request(None, alice.user)) is None
 
 
 @pytest.mark.django_db
-def test_a_string_credential_scopes_keys_by_its_digest_never_the_secret():
+def test_credential_principal_scopes_keys_by_the_credentials_digest_never_the_secret():
     client = TestClient(api)
     shared = key()
     one = client.post("/keys", json={"name": "a"}, headers={"X-API-Key": "key-1", HEADER: shared})
@@ -434,7 +452,8 @@ def test_openapi_declares_the_header_and_problems_on_protected_operations_only()
     assert "Retention window: 24 hours" in header[0]["description"]
     for code in ("400", "409", "422"):
         content = protected["responses"][code]["content"]
-        assert list(content) == [PROBLEM]
+        assert PROBLEM in content
+        assert list(content) == [PROBLEM] or code == "422"  # and Ninja's validation error
         assert content[PROBLEM]["schema"]["required"] == ["type", "title", "status", "detail"]
     assert "Retry-After" in protected["responses"]["409"]["headers"]
     assert "Idempotent-Replayed" in protected["responses"]["201"]["headers"]
@@ -501,3 +520,38 @@ def test_with_atomic_requests_api_urls_a_concurrent_duplicate_gets_409(
     alice: Any, gate: Any, atomic_requests: None
 ):
     _in_flight_duplicate("widgets", alice, gate)
+
+
+# --- OpenAPI: Ninja's validation 422 beside the problem ----------------------------------
+
+
+def test_openapi_422_describes_ninjas_validation_error_beside_the_key_reused_problem() -> None:
+    from django_idempotency.contrib.ninja_openapi import VALIDATION_ERROR_SCHEMA
+
+    protected = _operations(api.get_openapi_schema())[("/ninja/widgets", "post")]
+    content = protected["responses"]["422"]["content"]
+    assert sorted(content) == ["application/json", PROBLEM]
+    assert content["application/json"]["schema"] == VALIDATION_ERROR_SCHEMA
+    assert content[PROBLEM]["schema"]["required"] == ["type", "title", "status", "detail"]
+    assert "validation" in protected["responses"]["422"]["description"]
+
+
+def test_openapi_a_declared_422_keeps_its_schema_beside_the_problem() -> None:
+    from ninja import Schema
+
+    class Refused(Schema):
+        reason: str
+
+    local = Router()
+
+    @local.post("/declared", response={201: dict[str, Any], 422: Refused})
+    @idempotent
+    def declared(request: Any, payload: dict[str, Any]) -> Any:
+        return {}
+
+    declaring = NinjaAPI(urls_namespace=f"declared-{uuid.uuid4().hex}")
+    declaring.add_router("/", local)
+    schema = declaring.get_openapi_schema(path_prefix="/api/")
+    content = _operations(schema)[("/api/declared", "post")]["responses"]["422"]["content"]
+    assert sorted(content) == ["application/json", PROBLEM]
+    assert content["application/json"]["schema"] == {"$ref": "#/components/schemas/Refused"}

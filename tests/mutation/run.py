@@ -2118,6 +2118,101 @@ MUTANTS: list[Mutant] = [
         tests=("tests/client/test_retry_logging.py",),
         backends=(SQLITE,),
         what="stamina prints a bare retry_scheduled line for each client retry",
+    # Django Ninja: an operation's own options, its temporal response, uploads of PUT
+    # and PATCH, the principal a refreshed credential keeps, the checks' listing, the 422
+    m(
+        "NJ1",
+        "contrib/ninja.py",
+        "    if opts.principal is None:\n",
+        "    if True:\n",
+        tests=(
+            "tests/contrib/test_ninja_operations.py::"
+            "test_an_operations_own_principal_scopes_its_keys",
+        ),
+        what="a Ninja operation's own principal= is replaced by auth_principal",
+    ),
+    m(
+        "NJ2",
+        "contrib/ninja.py",
+        "    temporal = values.get(response_arg) if response_arg else None\n",
+        "    temporal = None\n",
+        tests=(
+            "tests/contrib/test_ninja_operations.py::"
+            "test_headers_set_on_the_temporal_response_are_sent_and_replayed",
+        ),
+        what="headers a Ninja operation sets on its response parameter are dropped",
+    ),
+    m(
+        "NJ3",
+        "protocol/fingerprint.py",
+        "    return (post, files) if post or files else None\n",
+        "    return None\n",
+        tests=("tests/contrib/test_ninja_uploads.py",),
+        what="a PUT/PATCH form a middleware parsed is refused as an unreadable body",
+    ),
+    m(
+        "NJ4",
+        "contrib/ninja.py",
+        'for candidate in (auth, getattr(auth, "user", None), getattr(request, "user", None)):',
+        'for candidate in (auth, getattr(request, "user", None)):',
+        tests=(
+            "tests/contrib/test_ninja_principals.py::"
+            "test_a_refreshed_access_token_replays_the_operation_of_the_old_one",
+        ),
+        what="a Ninja credential row is not scoped by its user (a refresh runs again)",
+    ),
+    m(
+        "NJ5",
+        "contrib/ninja.py",
+        'endpoints.register("ninja", _protected_operations)\n',
+        "",
+        tests=("tests/checks/test_ninja_checks.py",),
+        what="the system checks do not list Ninja operations",
+    ),
+    m(
+        "NJ6",
+        "contrib/ninja_openapi.py",
+        "    return bool(operation.models) and 422 not in operation.response_models\n",
+        "    return bool(operation.models)\n",
+        tests=(
+            "tests/contrib/test_ninja.py::"
+            "test_openapi_a_declared_422_keeps_its_schema_beside_the_problem",
+        ),
+        what="Ninja's schema of a declared 422 is replaced by the validation error's",
+    ),
+    # IdempotentMixin: an action left unprotected is exempted by name, the rest reported
+    m(
+        "UA1",
+        "protocol/drf.py",
+        "        if action in self.idempotency_exempt_actions:\n            return None\n",
+        "",
+        tests=(
+            "tests/checks/test_unlisted_actions.py::"
+            "test_an_exempt_action_runs_unprotected_beside_the_protected_ones",
+        ),
+        what="an action in idempotency_exempt_actions is protected anyway",
+    ),
+    m(
+        "UA2",
+        "checks/actions.py",
+        "            if action not in exempt and not _protected(view_class, action)\n",
+        "            if not _protected(view_class, action)\n",
+        tests=(
+            "tests/checks/test_unlisted_actions.py::"
+            "test_w011_names_each_mutating_action_neither_protected_nor_exempt",
+        ),
+        what="W011 names actions the view exempts by name",
+    ),
+    m(
+        "UA3",
+        "checks/actions.py",
+        "            if action not in exempt and not _protected(view_class, action)\n",
+        "            if action not in exempt\n",
+        tests=(
+            "tests/checks/test_unlisted_actions.py::"
+            "test_w011_names_each_mutating_action_neither_protected_nor_exempt",
+        ),
+        what="W011 names protected actions",
     ),
 ]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from asgiref.sync import sync_to_async
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from django.urls import path
 from ninja import NinjaAPI, Router, Schema
 from ninja.responses import Status
@@ -22,7 +22,7 @@ from ninja.security import APIKeyHeader, HttpBearer
 from rest_framework.authtoken.models import Token
 
 from django_idempotency import outbox
-from django_idempotency.contrib.ninja import idempotent
+from django_idempotency.contrib.ninja import credential_principal, idempotent
 from tests.support.testapp.gates import GATES
 from tests.support.testapp.models import Widget
 
@@ -31,6 +31,20 @@ class TokenBearer(HttpBearer):
     def authenticate(self, request: HttpRequest, token: str) -> Any:
         found = Token.objects.select_related("user").filter(key=token).first()
         return found.user if found is not None else None
+
+
+class TokenRowBearer(HttpBearer):
+    """``request.auth`` is the token row (DRF's ``Token``), whose ``user`` is the client."""
+
+    def authenticate(self, request: HttpRequest, token: str) -> Any:
+        return Token.objects.select_related("user").filter(key=token).first()
+
+
+class BareTokenBearer(HttpBearer):
+    """``request.auth`` is the token string itself: it names no user."""
+
+    def authenticate(self, request: HttpRequest, token: str) -> Any:
+        return token if Token.objects.filter(key=token).exists() else None
 
 
 class ApiKey(APIKeyHeader):
@@ -111,10 +125,47 @@ def resize(request: HttpRequest, widget_id: int, payload: WidgetIn) -> dict[str,
 
 
 @router.post("/keys", auth=ApiKey(), response={201: dict[str, Any]})
-@idempotent
+@idempotent(principal=credential_principal)
 def with_api_key(request: HttpRequest, payload: WidgetIn) -> Any:
-    """``request.auth`` is the API key string: keys are scoped by it."""
+    """``request.auth`` is the API key string: keys are scoped by it (its digest)."""
     widget = Widget.objects.create(name=payload.name, size=payload.size)
+    return Status(201, {"id": widget.pk})
+
+
+@router.post("/token-rows", auth=TokenRowBearer(), response={201: dict[str, Any]})
+@idempotent
+def with_token_row(request: HttpRequest, payload: WidgetIn) -> Any:
+    """``request.auth`` is the token row: keys are scoped by its user."""
+    return Status(201, {"id": Widget.objects.create(name=payload.name).pk})
+
+
+@router.post("/bare-token", auth=BareTokenBearer(), response={201: dict[str, Any]})
+@idempotent
+def with_bare_token(request: HttpRequest, payload: WidgetIn) -> Any:
+    """``request.auth`` is the token string: no user, so keyed requests are refused."""
+    return Status(201, {"id": Widget.objects.create(name=payload.name).pk})
+
+
+def team(request: HttpRequest) -> str | None:
+    """The team of ``X-Team``: every member shares the team's keys."""
+    name = request.headers.get("X-Team")
+    return f"team:{name}" if name else None
+
+
+@router.post("/team-widgets", response={201: dict[str, Any]})
+@idempotent(principal=team)
+def team_widget(request: HttpRequest, payload: WidgetIn) -> Any:
+    """Its own ``principal=``: keys are the team's, not the user's."""
+    return Status(201, {"id": Widget.objects.create(name=payload.name).pk})
+
+
+@router.post("/labelled", response={201: dict[str, Any]})
+@idempotent
+def labelled(request: HttpRequest, response: HttpResponse, payload: WidgetIn) -> Any:
+    """Sets a header and a cookie on Ninja's temporal ``response``."""
+    widget = Widget.objects.create(name=payload.name)
+    response["X-Widget-Id"] = str(widget.pk)
+    response.set_cookie("last_widget", str(widget.pk))
     return Status(201, {"id": widget.pk})
 
 
