@@ -86,7 +86,7 @@ class _Kicker:
             if self._pid != os.getpid():  # a forked child has no thread: start its own
                 self._pid, self._thread, self._busy = os.getpid(), None, False
             self._queued[(id(send_task.__self__), using)] = (send_task, using)
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(
                     target=self._run, name="outbox-relay-kicker", daemon=True
                 )
@@ -129,10 +129,9 @@ class _Kicker:
                     exc,
                 )
             return
-        if self._failures:
-            logger.info("outbox relay task sent again after %d failed kick(s)", self._failures)
-            #: Failed kicks in a row, by broker URL: one warning per outage of a broker.
-        self._failures: dict[str, int] = {}
+        failures = self._failures.pop(broker, 0)
+        if failures:
+            logger.info("outbox relay task sent again after %d failed kick(s)", failures)
 
 
 _kicker = _Kicker()
