@@ -233,7 +233,7 @@ def test_kick_with_the_broker_down_logs_and_does_not_raise(caplog):
 
 
 def test_settings_are_read_at_access_time():
-    assert conf.outbox_max_attempts == 10
+    assert conf.outbox_max_attempts == 25
     with override_settings(
         IDEMPOTENCY={
             "OUTBOX_BATCH_SIZE": 7,
