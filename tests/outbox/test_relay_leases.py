@@ -5,6 +5,8 @@ handler kills the relay is dead-lettered after ``OUTBOX_MAX_ATTEMPTS`` runs."""
 
 from __future__ import annotations
 
+import datetime as dt
+import signal
 import threading
 import time
 from collections import Counter
@@ -19,6 +21,10 @@ from django_idempotency.models import OutboxMessage, OutboxState
 from django_idempotency.outbox import relay
 from django_idempotency.testing import travel
 from tests.support.faults import wait_for
+from tests.support.relay_process import SENT, child, states
+from tests.support.relay_process import enqueue as enqueue_for_children
+
+__all__ = ["child"]  # the fixture, used here
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -112,6 +118,33 @@ def test_a_handler_slower_than_the_lease_runs_once_and_its_batch_is_delivered_me
     assert set(rows) == {(OutboxState.SENT, 1)}
     if leases:
         assert slow_ran == [True], "the batch waited for its slow handler"
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("processes", [2, 4])
+def test_relay_processes_run_a_handler_slower_than_the_lease_once(child, processes, settings):
+    """Relay commands in processes of their own, with a lease of 0.6 s; the first
+    message's handler blocks until its relay has renewed its lease past three leases.
+    The rest of its batch is delivered meanwhile, and no other process runs it."""
+    settings.IDEMPOTENCY = {"OUTBOX_KICK": False}
+    ids = enqueue_for_children(8)
+    env = {"RELAY_LEASE": str(LEASE)}
+    relays = [
+        child([ids[0]], "--interval", "0.05", mark_delay=0.005, env=env) for _ in range(processes)
+    ]
+    wait_for(lambda: states(ids[1:]) == [(SENT, 1)] * 7, timeout=60)  # while handler 0 blocks
+    claimed = OutboxMessage.objects.get(pk=ids[0]).available_at
+    three_leases = claimed + dt.timedelta(seconds=3 * LEASE)
+    wait_for(lambda: OutboxMessage.objects.get(pk=ids[0]).available_at >= three_leases, 60)
+    for each in relays:
+        each.release(ids[0])
+    wait_for(lambda: states(ids) == [(SENT, 1)] * 8, timeout=60)
+    for each in relays:
+        each.signal(signal.SIGTERM)
+    for each in relays:
+        assert each.finish() == 0, each.stderr()
+    runs = [line for each in relays for line in each.lines if line == f"delivered {ids[0]}"]
+    assert len(runs) == 1, "another relay ran the slow handler again"
 
 
 def test_a_message_that_kills_its_relay_is_dead_lettered_after_max_attempts():
