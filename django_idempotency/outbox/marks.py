@@ -3,11 +3,12 @@
 A delivered message is not marked on its own: :class:`Marks` keeps it in the current
 *group* and writes the whole group in one fenced UPDATE once the group's oldest mark
 is ``max_age`` seconds old (``OUTBOX_MARK_DELAY``), and whenever the relay asks
-(before a handler starts when the group is due, at half the lease, at the end of the
-batch). A handler that blocks while a group waits must not keep it unwritten past
-the relay lease (another relay would then deliver those messages again), so a
-**watchdog** thread, armed when a handler starts with marks pending, writes the
-group at its deadline on a database connection of its own. A mark is therefore
+(before a handler starts when the group is due, at the end of the batch). A handler
+that blocks while a group waits must not keep it unwritten (a relay killed then would
+deliver those messages again), so a **watchdog** thread, started with the relay's first
+batch and kept until :meth:`Marks.close`, writes the group at its deadline on a
+database connection of its own; it also tends the relay's lease (``outbox.lease``:
+renewals, the hand-back at half the lease) while a handler blocks. A mark is therefore
 committed at most about ``max_age`` seconds (plus one UPDATE) after its handler
 returned, whatever later handlers do, unless the database fails; then the watchdog
 retries on a new connection, and the messages not marked before their lease ends are

@@ -1985,7 +1985,7 @@ MUTANTS: list[Mutant] = [
     # outbox/lease.py: a relay keeps its lease while handlers run, and attempts count
     # handler runs
     m(
-        "L1",
+        "OL1",
         "outbox/lease.py",
         "        if self._held and now >= self._renew_at:\n            self._renew()\n",
         "",
@@ -1997,7 +1997,7 @@ MUTANTS: list[Mutant] = [
         what="no renewal: another relay runs a handler slower than the lease again",
     ),
     m(
-        "L2",
+        "OL2",
         "outbox/lease.py",
         "        if self._rest and now >= self._hand_back_at:\n            self._give_back()\n",
         "",
@@ -2010,7 +2010,7 @@ MUTANTS: list[Mutant] = [
     ),
     # outbox/failures.py, conf.py: the retry schedule rides out a day of outage
     m(
-        "B1",
+        "OB1",
         "outbox/failures.py",
         "    return ceiling / 2 + float(rand()) * ceiling / 2\n",
         "    return float(rand()) * ceiling\n",
@@ -2020,7 +2020,7 @@ MUTANTS: list[Mutant] = [
     ),
     # outbox/kick.py: a broker outage never slows a request
     m(
-        "K1",
+        "OK1",
         "outbox/kick.py",
         "    _kicker.submit(current_app.send_task, using)\n",
         "    _kicker._send(current_app.send_task, using)\n",
@@ -2029,7 +2029,7 @@ MUTANTS: list[Mutant] = [
         what="the kick is sent from the request's thread: a silent broker holds the request",
     ),
     m(
-        "K2",
+        "OK2",
         "outbox/kick.py",
         "            if failures == 1:\n",
         "            if True:\n",
@@ -2039,7 +2039,7 @@ MUTANTS: list[Mutant] = [
     ),
     # outbox/marks.py, management/jobs.py: the relay command's watchdog, backoff, SIGTERM
     m(
-        "W1",
+        "OR1",
         "outbox/marks.py",
         "            with self._cond:\n                self._stopped = False\n",
         "",
@@ -2050,7 +2050,7 @@ MUTANTS: list[Mutant] = [
         what="a watchdog started after Relay.close() stops at once: marks wait behind a handler",
     ),
     m(
-        "W2",
+        "OR2",
         "management/jobs.py",
         "        self.retry_at = now + delay\n",
         "        self.retry_at = now\n",
@@ -2059,7 +2059,7 @@ MUTANTS: list[Mutant] = [
         what="the relay command retries a database that is down in a tight loop",
     ),
     m(
-        "W3",
+        "OR3",
         "management/jobs.py",
         "            signal.signal(signal.SIGTERM, self._previous)\n",
         "            pass\n",

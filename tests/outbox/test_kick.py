@@ -28,12 +28,13 @@ def closed_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def celery_app(broker: str) -> Iterator[Any]:
+def celery_app(broker: str, timeout: float = 1) -> Iterator[Any]:
+    """A Celery app on ``broker``, current for the test; ``timeout``: its connection's."""
     from celery import Celery, current_app
 
     previous = current_app._get_current_object()
     app = Celery(f"kick-{uuid.uuid4().hex[:8]}", broker=broker, set_as_current=True)
-    app.conf.broker_connection_timeout = 1  # keeps the test short; requests never wait
+    app.conf.broker_connection_timeout = timeout
     try:
         yield app
     finally:
@@ -110,10 +111,11 @@ class SilentBroker:
 @pytest.fixture
 def silent_broker() -> Iterator[SilentBroker]:
     broker = SilentBroker()
-    # The backstop: a kick sent from the request would hold it until this fires.
-    backstop = threading.Timer(20, broker.release)
+    # The backstop: a kick sent from the request would hold it until this fires (its
+    # connection's timeout is longer), so the request would answer after the release.
+    backstop = threading.Timer(4, broker.release)
     backstop.start()
-    apps = celery_app(f"redis://127.0.0.1:{broker.port}/0")
+    apps = celery_app(f"redis://127.0.0.1:{broker.port}/0", timeout=5)
     next(apps)
     try:
         yield broker
