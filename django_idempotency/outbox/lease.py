@@ -74,11 +74,6 @@ class Holding:
         #: Called when new deadlines start (a batch was claimed): the watchdog's wake-up.
         self.wake: Callable[[], None] = lambda: None
 
-    @property
-    def held(self) -> int:
-        """Messages held: claimed, and not yet marked, failed or handed back."""
-        return len(self._held)
-
     def begin(self, claimed: list[Claimed], started: float, lease: float) -> None:
         """Hold a claimed batch; ``started``: ``time.monotonic()`` before the claim."""
         with self.lock:

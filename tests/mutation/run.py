@@ -1079,9 +1079,13 @@ MUTANTS: list[Mutant] = [
         "outbox/relay.py",
         "            marks.arm()  # the watchdog: marks, and the lease while handlers run\n",
         "            pass\n",
-        tests=(f"{_MARKS}::test_marks_retried_after_a_failed_write_keep_their_deadline",),
+        tests=(
+            f"{_MARKS}::test_marks_retried_after_a_failed_write_keep_their_deadline",
+            "tests/outbox/test_relay_leases.py::"
+            "test_a_handler_slower_than_the_lease_runs_once_and_its_batch_is_delivered_meanwhile",
+        ),
         backends=(PG,),
-        what="no watchdog: a group of marks waits while a later handler blocks",
+        what="no watchdog while a batch's first handler blocks: its lease is not renewed",
     ),
     # retention.py
     m(
