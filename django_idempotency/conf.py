@@ -37,9 +37,9 @@ DEFAULTS: dict[str, Any] = {
     # Outbox and relay (docs/outbox.md).
     "OUTBOX_BATCH_SIZE": 100,
     "OUTBOX_RELAY_LEASE": 120.0,
-    "OUTBOX_MAX_ATTEMPTS": 10,
+    "OUTBOX_MAX_ATTEMPTS": 25,
     "OUTBOX_BACKOFF_BASE": 2.0,
-    "OUTBOX_BACKOFF_CAP": 3600.0,
+    "OUTBOX_BACKOFF_CAP": 21600.0,
     "OUTBOX_KICK": True,
     "OUTBOX_MARK_DELAY": 0.005,
     "OUTBOX_RELAY_THREADS": 1,
@@ -230,7 +230,7 @@ class IdempotencySettings:
 
     @property
     def outbox_backoff_base(self) -> float:
-        """Seconds: the retry delay's upper bound after the first failure (then doubles)."""
+        """Seconds: the retry delay's bound after the first failure (then doubles)."""
         return float(self.get("OUTBOX_BACKOFF_BASE"))
 
     @property

@@ -30,7 +30,7 @@ from celery.exceptions import SoftTimeLimitExceeded  # type: ignore[import-untyp
 from django_idempotency import retention
 from django_idempotency.management import jobs
 from django_idempotency.outbox import relay
-from django_idempotency.outbox.enqueue import RELAY_TASK
+from django_idempotency.outbox.kick import RELAY_TASK
 from django_idempotency.retention.sweeper import SWEEP_TASK
 from django_idempotency.store import tenants
 from django_idempotency.store.routing import all_databases

@@ -5,12 +5,19 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import os
 import tempfile
 from pathlib import Path
 
 import environ
 
 env = environ.Env()
+
+# The on-commit kick (docs/outbox.md) publishes only to a Celery app a test sets up
+# itself: Celery's default app would read a developer's broker from the environment
+# and send the suite's kicks to that developer's workers.
+for _name in ("CELERY_BROKER_URL", "CELERY_BROKER_READ_URL", "CELERY_BROKER_WRITE_URL"):
+    os.environ.pop(_name, None)
 
 SECRET_KEY = "tests-only-not-secret"
 DEBUG = False

@@ -33,7 +33,7 @@ from typing import Any
 from django.apps import apps as global_apps
 from django.utils import timezone
 
-from django_idempotency.outbox.enqueue import RELAY_TASK
+from django_idempotency.outbox.kick import RELAY_TASK
 from django_idempotency.retention.sweeper import SWEEP_TASK
 
 

@@ -15,15 +15,16 @@ downstream so that a redelivery converges on the same downstream effect::
     # in a view, inside its transaction:
     outbox.enqueue("worker.boot", {"worker_id": worker.pk})
 
-The modules, in the order a message goes through them: ``enqueue`` (write it, kick
-the relay), ``handlers`` (the registry: which function delivers which topic),
-``relay`` (:class:`Relay`, :func:`deliver_batch`, :func:`deliver_due`), then the
-relay's steps ``claim``, ``deliver``, ``failures`` and ``marks``. See docs/outbox.md.
+The modules, in the order a message goes through them: ``enqueue`` (write it),
+``kick`` (start the relay task after the commit, in the background), ``handlers``
+(the registry: which function delivers which topic), ``relay`` (:class:`Relay`,
+:func:`deliver_batch`, :func:`deliver_due`), then the relay's steps ``claim``,
+``deliver``, ``failures`` and ``marks``. See docs/outbox.md.
 """
 
 from __future__ import annotations
 
-from django_idempotency.outbox.enqueue import enqueue, kick
+from django_idempotency.outbox.enqueue import enqueue
 from django_idempotency.outbox.failures import backoff
 from django_idempotency.outbox.handlers import (
     HANDLER_MODULE,
@@ -33,6 +34,7 @@ from django_idempotency.outbox.handlers import (
     register,
     unregister,
 )
+from django_idempotency.outbox.kick import kick, wait_for_kicks
 from django_idempotency.outbox.relay import Relay, deliver_batch, deliver_due
 
 #: ``@outbox.handler("worker.boot")``: the same as :func:`register`.
@@ -52,4 +54,5 @@ __all__ = [
     "kick",
     "register",
     "unregister",
+    "wait_for_kicks",
 ]

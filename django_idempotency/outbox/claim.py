@@ -110,7 +110,8 @@ def claim_due(using: str, limit: int, lease: float) -> tuple[list[Claimed], int]
 
 #: ``last_error`` of a message whose last allowed attempt never reported back.
 _ABANDONED = (
-    "attempt {attempts} never reported back: the relay died or the handler outlived the relay lease"
+    "attempt {attempts} never reported back: the relay died, or lost its lease while cut off "
+    "from the database"
 )
 
 
@@ -205,7 +206,8 @@ def _bury_abandoned(using: str) -> int:
 
     ``attempts`` counts deliveries started. A message that is due again after its last
     allowed attempt was claimed never reported back: the relay was killed (a poison
-    message that crashes it, a hard time limit) or its handler outlived the lease. It
+    message that crashes it, a hard time limit) or lost its lease while cut off from the
+    database. It
     would otherwise be retried forever.
     """
     buried = list(
@@ -240,32 +242,21 @@ def _report_buried(pk: int, topic: str, attempts: int) -> None:
 def hand_back(using: str, messages: list[OutboxMessage]) -> None:
     """Return claimed messages no handler saw: due now, the claim's attempt undone.
 
-    Fenced by the claim's lease end (every message of a batch got the same one): a
-    message another relay claimed after this relay's lease ran out is left alone.
+    Fenced by the claim (its attempt count, and its lease end or a renewal's later
+    one): a message another relay claimed after this relay's lease ran out is left
+    alone.
     """
     if not messages:
         return
-    OutboxMessage.objects.using(using).filter(
-        pk__in=[m.pk for m in messages],
-        state=OutboxState.PENDING,
-        # still this claim: every message of a batch got the same lease end
-        available_at=clock.to_db(messages[0].available_at, connections[using]),
-    ).update(attempts=F("attempts") - 1, available_at=now(using))
-
-
-def hand_back_quietly(using: str, claimed: list[Claimed]) -> None:
-    """:func:`hand_back` while a batch stops on an error.
-
-    A failure is logged, not raised: the messages stay leased and are delivered after
-    the lease.
-    """
-    if not claimed:
-        return
-    try:
-        hand_back(using, [c.message for c in claimed])
-    except Exception as exc:
-        logger.warning(
-            "%d claimed outbox message(s) not handed back (delivered after the relay lease): %s",
-            len(claimed),
-            exc,
-        )
+    claims: dict[tuple[dt.datetime, int], list[int]] = {}
+    for message in messages:
+        claims.setdefault((message.available_at, message.attempts), []).append(message.pk)
+    with transaction.atomic(using=using):  # one commit
+        for (end, attempts), ids in claims.items():
+            OutboxMessage.objects.using(using).filter(
+                pk__in=ids,
+                state=OutboxState.PENDING,
+                # still this claim: its attempt, its lease end or a renewal's later one
+                attempts=attempts,
+                available_at__gte=clock.to_db(end, connections[using]),
+            ).update(attempts=F("attempts") - 1, available_at=now(using))

@@ -2,9 +2,11 @@
 
 Handlers run outside any transaction the relay holds, each with the message and its
 dedup key, on the relay's thread (``threads=1``) or on a bounded pool whose threads
-have database connections of their own. Once half the relay lease has gone, no handler
-starts and the rest of the batch is handed back; a stop (:meth:`Relay.stop`, an
-exception) lets the running handlers finish, and what they returned is recorded.
+have database connections of their own. The batch is held under the relay lease
+(``outbox.lease``): renewed while handlers run; once half the lease has gone since the
+claim, no handler starts and the rest of the batch is handed back; a stop
+(:meth:`Relay.stop`, an exception) lets the running handlers finish, and what they
+returned is recorded.
 """
 
 from __future__ import annotations
@@ -13,15 +15,13 @@ import contextlib
 import logging
 import queue
 import threading
-import time
 from typing import TYPE_CHECKING
 
 from django.db import connections
 
 from django_idempotency.models import OutboxMessage
 from django_idempotency.outbox import handlers
-from django_idempotency.outbox.claim import Claimed, hand_back, hand_back_quietly
-from django_idempotency.outbox.failures import fail
+from django_idempotency.outbox.claim import Claimed
 from django_idempotency.store.tenants import enter_schema
 
 logger = logging.getLogger("django_idempotency.outbox")
@@ -30,22 +30,24 @@ if TYPE_CHECKING:
     from django_idempotency.outbox.relay import Relay
 
 
-def deliver_inline(relay: Relay, claimed: list[Claimed], started: float, lease: float) -> int:
-    """Run the handlers one by one on this thread."""
-    using, marks = relay.using, relay._marks
+def deliver_inline(relay: Relay) -> int:
+    """Run the handlers one by one on this thread.
+
+    The batch is held by ``relay._marks.holding``: it gives the next message, or none
+    once half the lease has gone or the relay stops (the rest handed back).
+    """
+    marks = relay._marks
+    holding = marks.holding
     handled = 0
-    begun = 0  # claimed[begun:] were never handed to a handler
     try:
-        for item in claimed:
-            if relay.stopping or time.monotonic() - started > lease / 2:
-                marks.flush()
-                hand_back(using, [c.message for c in claimed[handled:]])
-                begun = len(claimed)
+        while True:
+            holding.tend()  # between handlers; the watchdog while one blocks
+            item = holding.take(relay.stopping)
+            if item is None:
                 break
             marks.before_handler()  # written now if due, else by its deadline
-            begun = handled + 1
             error = _call(item.message)
-            if error is not None or connections[using].errors_occurred:
+            if error is not None or connections[relay.using].errors_occurred:
                 _discard_broken_connections()
             handled += 1
             relay.handled += 1
@@ -53,49 +55,45 @@ def deliver_inline(relay: Relay, claimed: list[Claimed], started: float, lease: 
                 marks.add(item)
                 relay.outcomes["delivered"] += 1
             else:
-                relay.outcomes[fail(using, item.message, error) or "taken over"] += 1
+                relay.outcomes[holding.fail(item, error) or "taken over"] += 1
                 if isinstance(error, relay.stop_on):
                     raise error
     except BaseException:
-        hand_back_quietly(using, claimed[begun:])
+        holding.give_back_quietly()
         raise
     return handled
 
 
-def deliver_pooled(
-    relay: Relay,
-    claimed: list[Claimed],
-    started: float,
-    lease: float,
-    pool: Pool,
-) -> int:
+def deliver_pooled(relay: Relay, pool: Pool) -> int:
     """Run the handlers on the pool's threads.
 
     Marks and failures are written here, on the relay's thread and connection, a
-    group at its deadline. If anything stops the batch, the pool is closed: its
-    running handlers finish and their outcomes are recorded, what no thread started
-    is handed back.
+    group at its deadline; the watchdog tends the lease. If anything stops the batch,
+    the pool is closed: its running handlers finish and their outcomes are recorded,
+    what no thread started is handed back.
     """
-    using, marks = relay.using, relay._marks
-    handled = running = index = 0
+    marks = relay._marks
+    holding = marks.holding
+    handled = running = 0
+    more = True  # the batch may still give a message to start
     try:
-        while index < len(claimed) or running:
-            if index < len(claimed) and (relay.stopping or time.monotonic() - started > lease / 2):
-                marks.flush()
-                hand_back(using, [c.message for c in claimed[index:]])
-                index = len(claimed)
-                continue
-            if index < len(claimed) and running < pool.size:
-                item = claimed[index]
-                index += 1  # first: claimed[index:] is never handed to a thread
+        while more or running:
+            if more and running < pool.size:
+                item = holding.take(relay.stopping)
+                if item is None:
+                    more = False
+                    continue
                 running += 1
                 pool.submit(item)
                 continue
-            left = marks.time_left()
+            left = _earliest(marks.time_left(), holding.time_left())
             outcome = pool.result(None if left is None else max(left, 0.0))
-            if outcome is None:  # the group's deadline came first, or stop() woke us
+            if outcome is None:  # a deadline came first, or stop() woke us
                 if marks.due():
                     marks.flush()
+                holding.tend()
+                if relay.stopping:
+                    more = more and holding.take(True) is not None
                 continue
             item, error = outcome
             running -= 1
@@ -105,7 +103,7 @@ def deliver_pooled(
                 marks.add(item)
                 relay.outcomes["delivered"] += 1
             elif isinstance(error, Exception):
-                relay.outcomes[fail(using, item.message, error) or "taken over"] += 1
+                relay.outcomes[holding.fail(item, error) or "taken over"] += 1
                 if isinstance(error, relay.stop_on):
                     raise error
             else:  # SystemExit, KeyboardInterrupt in a handler: stop as inline would
@@ -114,11 +112,17 @@ def deliver_pooled(
                 marks.flush()
     except BaseException:
         relay._pool = None
-        hand_back_quietly(using, [*pool.cancel(), *claimed[index:]])
+        holding.give_back_quietly(pool.cancel())
         _not_started, outcomes = pool.close()  # the running handlers finish first
         _record(relay, outcomes)
         raise
     return handled
+
+
+def _earliest(*lefts: float | None) -> float | None:
+    """The smallest of the seconds given; ``None`` if none is."""
+    known = [left for left in lefts if left is not None]
+    return min(known) if known else None
 
 
 def _record(relay: Relay, outcomes: list[tuple[Claimed, BaseException | None]]) -> None:
@@ -131,7 +135,7 @@ def _record(relay: Relay, outcomes: list[tuple[Claimed, BaseException | None]]) 
                 relay.outcomes["delivered"] += 1
             elif isinstance(error, Exception):
                 relay.handled += 1
-                relay.outcomes[fail(relay.using, item.message, error) or "taken over"] += 1
+                relay.outcomes[relay._marks.holding.fail(item, error) or "taken over"] += 1
             # else: the handler itself was stopped; its message stays leased
         except Exception as exc:
             logger.warning("outbox message %s: outcome not recorded: %s", item.message.pk, exc)

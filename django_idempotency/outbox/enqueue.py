@@ -4,8 +4,8 @@ A view records an effect outside the database (boot a VM, send an e-mail) as an
 :class:`~django_idempotency.models.OutboxMessage` row in its own transaction, so the
 message exists if and only if the view's writes committed. The relay
 (``outbox.relay``) delivers it after the commit. When the transaction commits, the
-relay's Celery task is kicked (:func:`kick`), so delivery need not wait for the next
-beat. See docs/outbox.md.
+relay's Celery task is kicked (``outbox.kick``: queued for a background thread, never
+slowing the commit), so delivery need not wait for the next beat. See docs/outbox.md.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from django.db import IntegrityError, connections, transaction
 from django_idempotency.conf import conf
 from django_idempotency.exceptions import NotInTransaction
 from django_idempotency.models import OutboxMessage, OutboxState
+from django_idempotency.outbox.kick import kick
 from django_idempotency.protocol import context
 from django_idempotency.store import clock
 from django_idempotency.store.routing import outbox_database
@@ -159,38 +160,3 @@ def _schedule_kick(using: str) -> None:
     if any(callback == entry[1] for entry in pending if len(entry) > 1):
         return
     transaction.on_commit(callback, using=using)
-
-
-#: The name of the relay's Celery task (``django_idempotency.tasks.relay_outbox``).
-RELAY_TASK = "django_idempotency.relay_outbox"
-
-
-def kick(using: str | None = None) -> bool:
-    """Start the Celery relay task now, if Celery is installed and configured.
-
-    "Configured" means the current Celery app has a ``broker_url``: a project that
-    installed Celery without setting up an app is left alone.
-
-    Called after a commit that enqueued messages, so delivery does not wait for the
-    next beat. Never raises: a broker that is down is logged (the beat or the
-    management command still delivers the message later).
-
-    Returns:
-        Whether the task was sent.
-    """
-    if not conf.outbox_kick:
-        return False
-    try:
-        from celery import current_app  # type: ignore[import-untyped]
-    except ImportError:  # Celery is not installed
-        return False
-    if not current_app.conf.broker_url:
-        return False  # Celery installed, but no app set up: left alone
-    try:
-        # By name: the task is django_idempotency.tasks.relay_outbox; sent without
-        # Celery's publish retries, so a broker that is down fails fast.
-        current_app.send_task(RELAY_TASK, kwargs={"using": using}, retry=False)
-    except Exception:
-        logger.warning("could not start the outbox relay task; beat will", exc_info=True)
-        return False
-    return True

@@ -2,7 +2,7 @@
 
 The failure is written at once, fenced by the claim (its lease end and attempt count,
 so a relay whose lease ran out cannot overwrite the relay that took the message over):
-a retry ``available_at`` from exponential backoff with full jitter (:func:`backoff`),
+a retry ``available_at`` from exponential backoff with equal jitter (:func:`backoff`),
 or ``dead`` after ``OUTBOX_MAX_ATTEMPTS`` attempts, with the error's traceback in
 ``last_error``.
 """
@@ -35,33 +35,59 @@ def backoff(
     cap: float,
     rand: Any = random.random,
 ) -> float:
-    """Seconds to wait before the next attempt: exponential growth, full jitter.
+    """Seconds to wait before the next attempt: exponential growth, equal jitter.
 
-    A uniformly random delay between 0 and ``min(cap, base * 2 ** (attempts - 1))``
-    ("full jitter"), so retries of many failed messages spread out instead of
-    arriving together.
+    A uniformly random delay between half of and the whole of
+    ``min(cap, base * 2 ** (attempts - 1))`` ("equal jitter"): retries of many failed
+    messages spread out instead of arriving together, and the schedule keeps a floor,
+    so the attempts allowed ride out a downstream outage of a known length
+    (:func:`schedule`).
 
     Args:
         attempts: attempts made so far (1 after the first failure).
-        base: upper bound after the first failure, in seconds.
-        cap: largest upper bound, in seconds.
+        base: the delay's bound after the first failure, in seconds.
+        cap: the delay's largest bound, in seconds.
         rand: ``() -> float`` in ``[0, 1)``; injectable for tests.
     """
     ceiling = min(cap, base * 2.0 ** max(attempts - 1, 0))
-    return float(rand()) * ceiling
+    return ceiling / 2 + float(rand()) * ceiling / 2
+
+
+def schedule(max_attempts: int, *, base: float, cap: float) -> list[tuple[int, float, float]]:
+    """When each attempt of a message that keeps failing starts, and when it is dead.
+
+    Args:
+        max_attempts: attempts allowed (``OUTBOX_MAX_ATTEMPTS``).
+        base: :func:`backoff`'s ``base`` (``OUTBOX_BACKOFF_BASE``), seconds.
+        cap: :func:`backoff`'s ``cap`` (``OUTBOX_BACKOFF_CAP``), seconds.
+
+    Returns:
+        ``(attempt, earliest, latest)`` for attempts 1 to ``max_attempts``: the
+        seconds after the first attempt at which it starts at the earliest and at the
+        latest (the relay's poll interval and the handlers' time aside). The last
+        attempt's failure dead-letters the message.
+    """
+    rows = []
+    earliest = latest = 0.0
+    for attempt in range(1, max_attempts + 1):
+        rows.append((attempt, earliest, latest))
+        earliest += backoff(attempt, base=base, cap=cap, rand=lambda: 0.0)
+        latest += backoff(attempt, base=base, cap=cap, rand=lambda: 1.0)
+    return rows
 
 
 def _fenced(using: str, message: OutboxMessage) -> Any:
     """The message, if it is still pending under the claim this relay made.
 
-    A claim is identified by the lease end it set (``available_at``) and the attempt
-    count it reached; a relay that took the message over changed both.
+    A claim is identified by the attempt count it reached and the lease end it set
+    (``available_at``), which the relay's renewals only move later
+    (``outbox.lease``); a relay that took the message over counted another attempt.
     """
     return OutboxMessage.objects.using(using).filter(
         pk=message.pk,
         state=OutboxState.PENDING,
         attempts=message.attempts,
-        available_at=clock.to_db(message.available_at, connections[using]),
+        available_at__gte=clock.to_db(message.available_at, connections[using]),
     )
 
 

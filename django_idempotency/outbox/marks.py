@@ -3,19 +3,21 @@
 A delivered message is not marked on its own: :class:`Marks` keeps it in the current
 *group* and writes the whole group in one fenced UPDATE once the group's oldest mark
 is ``max_age`` seconds old (``OUTBOX_MARK_DELAY``), and whenever the relay asks
-(before a handler starts when the group is due, at half the lease, at the end of the
-batch). A handler that blocks while a group waits must not keep it unwritten past
-the relay lease (another relay would then deliver those messages again), so a
-**watchdog** thread, armed when a handler starts with marks pending, writes the
-group at its deadline on a database connection of its own. A mark is therefore
+(before a handler starts when the group is due, at the end of the batch). A handler
+that blocks while a group waits must not keep it unwritten (a relay killed then would
+deliver those messages again), so a **watchdog** thread, started with the relay's first
+batch and kept until :meth:`Marks.close`, writes the group at its deadline on a
+database connection of its own; it also tends the relay's lease (``outbox.lease``:
+renewals, the hand-back at half the lease) while a handler blocks. A mark is therefore
 committed at most about ``max_age`` seconds (plus one UPDATE) after its handler
 returned, whatever later handlers do, unless the database fails; then the watchdog
 retries on a new connection, and the messages not marked before their lease ends are
 delivered again after it (at least once).
 
 Every write is fenced by the claim: the message must still be ``pending`` with the
-attempt count and lease end (``available_at``) this relay's claim gave it. Messages
-a relay with a later claim took over are left alone, and logged.
+attempt count this relay's claim gave it and a lease end (``available_at``) no earlier
+than the claim's (the relay renews its lease, ``outbox.lease``). Messages a relay with
+a later claim took over (its claim counted an attempt) are left alone, and logged.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from typing import Any, Protocol
 from django.db import connections
 
 from django_idempotency.models import OutboxMessage, OutboxState
+from django_idempotency.outbox.lease import Holding
 from django_idempotency.store import clock
 from django_idempotency.store.tenants import enter_schema
 
@@ -42,7 +45,7 @@ UPDATE django_idempotency_outbox AS m
 SET state = 'sent', sent_at = {now}
 FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(until)s::timestamptz[])
      AS c(id, attempts, until)
-WHERE m.id = c.id AND m.attempts = c.attempts AND m.available_at = c.until
+WHERE m.id = c.id AND m.attempts = c.attempts AND m.available_at >= c.until
   AND m.state = 'pending'
   AND m.id = ANY(%(ids)s::bigint[])  -- by primary key, whatever the table's size
 RETURNING m.id
@@ -108,7 +111,7 @@ def write_sent(using: str, sent: Sequence[Claimed]) -> set[int]:
         fence = {
             "state": OutboxState.PENDING,
             "attempts": attempts,
-            "available_at": clock.to_db(end, connection),
+            "available_at__gte": clock.to_db(end, connection),
         }
         updated = manager.filter(pk__in=ids, **fence).update(
             state=OutboxState.SENT, sent_at=sent_at
@@ -135,6 +138,8 @@ class Marks:
         on_sent: called with each claimed message once its mark is committed.
         schema: the tenant schema (django-tenants) the watchdog's connection runs in,
             the relay's; ``None``: the connection's own.
+        holding: the relay's lease over its messages (``outbox.lease``): the watchdog
+            tends it while a handler blocks; a written mark ends the message's hold.
     """
 
     def __init__(
@@ -144,8 +149,11 @@ class Marks:
         on_sent: Callable[[Any], None],
         *,
         schema: str | None = None,
+        holding: Holding | None = None,
     ) -> None:
         self.using = using
+        self.holding = holding if holding is not None else Holding(using)
+        self.holding.wake = self._wake
         self.schema = schema
         self.max_age = max_age
         self._on_sent = on_sent
@@ -162,6 +170,15 @@ class Marks:
     def pending(self) -> int:
         """Marks waiting to be written."""
         return len(self._pending)
+
+    def ids(self) -> list[int]:
+        """The ids of the messages whose marks wait to be written."""
+        with self._cond:
+            return [item.message.pk for item in self._pending]
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
 
     def add(self, item: Claimed) -> None:
         """Add the mark of a message whose handler returned."""
@@ -203,6 +220,10 @@ class Marks:
         with self._cond:
             self._oldest = -math.inf
             self._cond.notify_all()
+        self._arm()
+
+    def arm(self) -> None:
+        """Start the watchdog, if not running: it writes groups and tends the lease."""
         self._arm()
 
     def _arm(self) -> None:
@@ -248,6 +269,7 @@ class Marks:
             return
         try:
             mine = write_sent(self.using, taken)
+            self.holding.release(item.message.pk for item in taken)
         except BaseException:
             self._give_back(taken)
             raise
@@ -281,12 +303,14 @@ class Marks:
                 with self._cond:
                     if self._stopped:
                         return
-                    left = self.time_left()
+                    left = _earliest(self.time_left(), self.holding.time_left())
                     if left is None or left > 0:
                         self._cond.wait(left)
                         continue
                 try:
-                    self._write()
+                    if self.due():
+                        self._write()
+                    self.holding.tend()
                 except Exception as exc:
                     failures += 1
                     _close_connection(self.using)
@@ -302,6 +326,12 @@ class Marks:
                     failures = 0
         finally:
             _close_connection(self.using)
+
+
+def _earliest(*lefts: float | None) -> float | None:
+    """The smallest of the seconds given; ``None`` if none is."""
+    known = [left for left in lefts if left is not None]
+    return min(known) if known else None
 
 
 def _close_connection(using: str) -> None:

@@ -55,11 +55,13 @@ def deliver_batch(
     any order. On PostgreSQL, delivered messages are marked sent in groups no older
     than ``OUTBOX_MARK_DELAY``, a watchdog writing a group whose deadline passes
     while a handler blocks (``outbox.marks``); elsewhere each one before
-    the next handler starts. All are written when this returns. Once half the lease
-    has gone, the relay stops starting handlers and hands the rest of the batch back
-    (due at once), so a long batch never outlives its lease. Due messages whose last
-    allowed attempt never reported back (the relay died, or the handler outlived the
-    lease) are dead-lettered.
+    the next handler starts. All are written when this returns. The relay renews
+    the lease of the messages it holds every third of the lease (``outbox.lease``), so a
+    handler slower than the lease is not run again by another relay. Once half the lease
+    has gone since the claim, the relay stops starting handlers and hands the rest of
+    the batch back (due at once, the claim's attempt undone), even while a handler
+    runs. Due messages whose last allowed attempt never reported back (the relay died,
+    or lost its lease while cut off from the database) are dead-lettered.
 
     Args:
         batch_size: most messages claimed (default ``OUTBOX_BATCH_SIZE``).
@@ -193,7 +195,10 @@ class Relay:
                     pool, self._pool = self._pool, None
                     pool.close()
             finally:
-                self._marks.close()
+                try:
+                    self._marks.close()
+                finally:
+                    self._marks.holding.end_batch(self._marks.ids())
 
     def deliver_batch(self, batch_size: int | None = None) -> int:
         """One batch, as :func:`deliver_batch`; its marks may still be written after.
@@ -226,21 +231,25 @@ class Relay:
         marks = self._marks
         # Inside a transaction no other connection sees the claim: no writer thread,
         # no pool. SQLite has one writer: no writer thread either. Then each mark is
-        # written before the next handler starts.
+        # written before the next handler starts, and the lease tended between handlers.
         inside = connections[using].in_atomic_block
         marks.sync = inside or connections[using].vendor != "postgresql"
         marks.max_age = conf.outbox_mark_delay
+        marks.holding.begin(claimed, started, lease)
+        if not marks.sync:
+            marks.arm()  # the watchdog: marks, and the lease while handlers run
         try:
             if workers == 1 or inside or len(claimed) == 1:
-                handled = deliver_inline(self, claimed, started, lease)
+                handled = deliver_inline(self)
             else:
                 if self._pool is not None and self._pool.size != workers:
                     self._pool.close()
                     self._pool = None
                 if self._pool is None:  # kept for the next batches: threads, connections
                     self._pool = Pool(workers, using, self.schema)
-                handled = deliver_pooled(self, claimed, started, lease, self._pool)
+                handled = deliver_pooled(self, self._pool)
         except BaseException:
+            marks.holding.end_batch(marks.ids())
             # What was delivered is in the marks (the pool's running handlers have
             # finished); written now if the database lets us. The error that stopped
             # the batch is the one raised.
@@ -255,6 +264,7 @@ class Relay:
                     exc,
                 )
             raise
+        marks.holding.end_batch(marks.ids())
         if hand_off:
             marks.hand_off()  # written now, by the writer, while the next batch is claimed
         return buried + handled

@@ -1005,7 +1005,7 @@ MUTANTS: list[Mutant] = [
     m(
         "R1",
         "outbox/marks.py",
-        "WHERE m.id = c.id AND m.attempts = c.attempts AND m.available_at = c.until\n",
+        "WHERE m.id = c.id AND m.attempts = c.attempts AND m.available_at >= c.until\n",
         "WHERE m.id = c.id\n",
         tests=(f"{GUARDS}::test_a_relay_whose_lease_ran_out_cannot_mark_the_message_sent",),
         backends=(PG,),
@@ -1015,7 +1015,7 @@ MUTANTS: list[Mutant] = [
         "R1s",
         "outbox/marks.py",
         '            "attempts": attempts,\n'
-        '            "available_at": clock.to_db(end, connection),\n',
+        '            "available_at__gte": clock.to_db(end, connection),\n',
         "",
         tests=(f"{GUARDS}::test_a_relay_whose_lease_ran_out_cannot_mark_the_message_sent",),
         backends=(SQLITE,),
@@ -1025,7 +1025,7 @@ MUTANTS: list[Mutant] = [
         "R2",
         "outbox/failures.py",
         "        attempts=message.attempts,\n"
-        "        available_at=clock.to_db(message.available_at, connections[using]),\n"
+        "        available_at__gte=clock.to_db(message.available_at, connections[using]),\n"
         "    )\n",
         "    )\n",
         tests=(f"{GUARDS}::test_a_relay_whose_lease_ran_out_cannot_reschedule_the_message",),
@@ -1076,15 +1076,16 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "R7",
-        "outbox/marks.py",
-        "        else:\n            self._arm()\n",
-        "",
+        "outbox/relay.py",
+        "            marks.arm()  # the watchdog: marks, and the lease while handlers run\n",
+        "            pass\n",
         tests=(
+            f"{_MARKS}::test_marks_retried_after_a_failed_write_keep_their_deadline",
             "tests/outbox/test_relay_leases.py::"
-            "test_a_slow_handler_does_not_make_delivered_messages_claimable_again",
+            "test_a_handler_slower_than_the_lease_runs_once_and_its_batch_is_delivered_meanwhile",
         ),
         backends=(PG,),
-        what="no watchdog: a group of marks waits while a later handler blocks past the lease",
+        what="no watchdog while a batch's first handler blocks: its lease is not renewed",
     ),
     # retention.py
     m(
@@ -1807,8 +1808,9 @@ MUTANTS: list[Mutant] = [
     m(
         "RL2",
         "outbox/claim.py",
-        "        # still this claim: every message of a batch got the same lease end\n"
-        "        available_at=clock.to_db(messages[0].available_at, connections[using]),\n",
+        "                # still this claim: its attempt, its lease end or a renewal's later one\n"
+        "                attempts=attempts,\n"
+        "                available_at__gte=clock.to_db(end, connections[using]),\n",
         "",
         tests=(
             f"{GUARDS}::"
@@ -1840,7 +1842,7 @@ MUTANTS: list[Mutant] = [
     m(
         "RL5",
         "outbox/deliver.py",
-        "        hand_back_quietly(using, [*pool.cancel(), *claimed[index:]])\n",
+        "        holding.give_back_quietly(pool.cancel())\n",
         "        pool.cancel()\n",
         tests=(
             f"{_STOPS}::test_ctrl_c_while_the_relay_waits_on_its_pool_marks_what_the_pool_delivered",
@@ -1852,7 +1854,7 @@ MUTANTS: list[Mutant] = [
     m(
         "RL6",
         "outbox/deliver.py",
-        "        hand_back_quietly(using, claimed[begun:])\n",
+        "        holding.give_back_quietly()\n",
         "",
         tests=(
             f"{_STOPS}::test_a_second_sigterm_stops_the_relay_at_once",
@@ -1863,8 +1865,10 @@ MUTANTS: list[Mutant] = [
     m(
         "RL7",
         "outbox/deliver.py",
-        "            if relay.stopping or time.monotonic() - started > lease / 2:\n",
-        "            if time.monotonic() - started > lease / 2:\n",
+        "            holding.tend()  # between handlers; the watchdog while one blocks\n"
+        "            item = holding.take(relay.stopping)\n",
+        "            holding.tend()  # between handlers; the watchdog while one blocks\n"
+        "            item = holding.take(False)\n",
         tests=(
             f"{_STOPS}::test_sigterm_stops_the_relay_after_its_running_handlers_and_marks_them",
             f"{_STOPS}::test_stop_from_another_thread_ends_the_batch_after_the_running_handler",
@@ -1874,9 +1878,9 @@ MUTANTS: list[Mutant] = [
     m(
         "RL8",
         "outbox/deliver.py",
-        "            if index < len(claimed) and (relay.stopping or time.monotonic() - started > "
-        "lease / 2):\n",
-        "            if index < len(claimed) and (time.monotonic() - started > lease / 2):\n",
+        "                if relay.stopping:\n"
+        "                    more = more and holding.take(True) is not None\n",
+        "",
         tests=(
             f"{_STOPS}::test_sigterm_stops_the_relay_after_its_running_handlers_and_marks_them",
         ),
@@ -1964,7 +1968,7 @@ MUTANTS: list[Mutant] = [
     m(
         "RL16",
         "outbox/deliver.py",
-        "            if error is not None or connections[using].errors_occurred:\n"
+        "            if error is not None or connections[relay.using].errors_occurred:\n"
         "                _discard_broken_connections()\n",
         "",
         tests=(f"{_OUTAGES}::test_a_handler_whose_session_dies_fails_alone[1]",),
@@ -2213,6 +2217,93 @@ MUTANTS: list[Mutant] = [
             "test_w011_names_each_mutating_action_neither_protected_nor_exempt",
         ),
         what="W011 names protected actions",
+    # outbox/lease.py: a relay keeps its lease while handlers run, and attempts count
+    # handler runs
+    m(
+        "OL1",
+        "outbox/lease.py",
+        "        if self._held and now >= self._renew_at:\n            self._renew()\n",
+        "",
+        tests=(
+            "tests/outbox/test_relay_leases.py::"
+            "test_a_handler_slower_than_the_lease_runs_once_and_its_batch_is_delivered_meanwhile",
+        ),
+        backends=(PG,),
+        what="no renewal: another relay runs a handler slower than the lease again",
+    ),
+    m(
+        "OL2",
+        "outbox/lease.py",
+        "        if self._rest and now >= self._hand_back_at:\n            self._give_back()\n",
+        "",
+        tests=(
+            "tests/outbox/test_relay_leases.py::"
+            "test_a_handler_slower_than_the_lease_runs_once_and_its_batch_is_delivered_meanwhile",
+        ),
+        backends=(PG,),
+        what="the rest of a batch waits for its slow handler instead of being handed back",
+    ),
+    # outbox/failures.py, conf.py: the retry schedule rides out a day of outage
+    m(
+        "OB1",
+        "outbox/failures.py",
+        "    return ceiling / 2 + float(rand()) * ceiling / 2\n",
+        "    return float(rand()) * ceiling\n",
+        tests=("tests/outbox/test_retry_schedule.py",),
+        backends=(SQLITE,),
+        what="full jitter: the schedule has no floor, a short outage dead-letters messages",
+    ),
+    # outbox/kick.py: a broker outage never slows a request
+    m(
+        "OK1",
+        "outbox/kick.py",
+        "    _kicker.submit(current_app.send_task, using)\n",
+        "    _kicker._send(current_app.send_task, using)\n",
+        tests=("tests/outbox/test_kick.py",),
+        backends=(SQLITE,),
+        what="the kick is sent from the request's thread: a silent broker holds the request",
+    ),
+    m(
+        "OK2",
+        "outbox/kick.py",
+        "            if failures == 1:\n",
+        "            if True:\n",
+        tests=("tests/outbox/test_kick.py",),
+        backends=(SQLITE,),
+        what="a broker outage logs a warning per kick, not one per outage",
+    ),
+    # outbox/marks.py, management/jobs.py: the relay command's watchdog, backoff, SIGTERM
+    m(
+        "OR1",
+        "outbox/marks.py",
+        "            with self._cond:\n                self._stopped = False\n",
+        "",
+        tests=(
+            f"{_MARKS}::test_a_relay_used_again_after_close_marks_while_a_later_handler_blocks",
+        ),
+        backends=(PG,),
+        what="a watchdog started after Relay.close() stops at once: marks wait behind a handler",
+    ),
+    m(
+        "OR2",
+        "management/jobs.py",
+        "        self.retry_at = now + delay\n",
+        "        self.retry_at = now\n",
+        tests=(f"{_OUTAGES}::test_the_relay_command_backs_off_while_the_database_is_down",),
+        backends=(PG,),
+        what="the relay command retries a database that is down in a tight loop",
+    ),
+    m(
+        "OR3",
+        "management/jobs.py",
+        "            signal.signal(signal.SIGTERM, self._previous)\n",
+        "            pass\n",
+        tests=(
+            "tests/outbox/test_relay.py::"
+            "test_the_relay_command_gives_back_the_previous_sigterm_handler",
+        ),
+        backends=(SQLITE,),
+        what="the relay command leaves its SIGTERM handler installed after it returns",
     ),
 ]
 

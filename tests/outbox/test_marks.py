@@ -304,3 +304,52 @@ def test_marks_retried_after_a_failed_write_keep_their_deadline(settings, caplog
         observer.close()
     assert batches.error is None
     assert sent(ids)
+
+
+@pytest.mark.postgres
+def test_a_relay_used_again_after_close_marks_while_a_later_handler_blocks(settings):
+    """The command closes its relay before it sleeps, then uses it again. After that,
+    the first message of a batch is still marked sent while the batch's next handler
+    blocks: closing stopped the watchdog, the next batch started it again."""
+    settings.IDEMPOTENCY = {"OUTBOX_KICK": False}
+    entered, proceed = threading.Event(), threading.Event()
+    closed, enqueued = threading.Event(), threading.Event()
+    blocking: list[int] = []
+    errors: list[BaseException] = []
+
+    def handler(message: OutboxMessage, key: str) -> None:
+        if message.pk in blocking:
+            entered.set()
+            proceed.wait(30)
+
+    def relay_thread() -> None:
+        try:
+            with relay.Relay() as each:
+                each.deliver_batch(10)
+                each.close()  # as the command does before it sleeps
+                closed.set()
+                assert enqueued.wait(30)
+                each.deliver_batch(10)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    outbox.register("marks.again")(handler)
+    try:
+        enqueue(1, "marks.again")
+        thread = threading.Thread(target=relay_thread)
+        thread.start()
+        assert closed.wait(30)
+        ids = enqueue(2, "marks.again")
+        blocking.append(ids[1])
+        enqueued.set()
+        assert entered.wait(30) or errors, "the relay never ran its second batch"
+        wait_for(lambda: sent(ids[:1]), timeout=10)  # while handler 2 blocks
+    finally:
+        proceed.set()
+        enqueued.set()
+        thread.join(30)
+        outbox.unregister("marks.again")
+    assert not errors, errors
+    assert sent(ids)

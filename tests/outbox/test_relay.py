@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import io
+import signal
 from collections.abc import Iterator
 from typing import Any
 
@@ -144,13 +145,13 @@ def test_failing_handler_backs_off_then_dead_letters(recorder):
     assert len(recorder.seen) == 4
 
 
-def test_backoff_grows_exponentially_to_the_cap_with_full_jitter():
+def test_backoff_grows_exponentially_to_the_cap_with_equal_jitter():
     top = [outbox.backoff(n, base=2, cap=50, rand=lambda: 1.0) for n in range(1, 8)]
     assert top == [2, 4, 8, 16, 32, 50, 50]
-    assert outbox.backoff(5, base=2, cap=50, rand=lambda: 0.0) == 0
-    assert outbox.backoff(3, base=2, cap=50, rand=lambda: 0.25) == 2
+    assert outbox.backoff(5, base=2, cap=50, rand=lambda: 0.0) == 16  # half the bound
+    assert outbox.backoff(3, base=2, cap=50, rand=lambda: 0.5) == 6
     samples = [outbox.backoff(4, base=2, cap=50) for _ in range(200)]
-    assert all(0 <= s <= 16 for s in samples)
+    assert all(8 <= s <= 16 for s in samples)
     assert len(set(samples)) > 100  # jittered, not a constant
 
 
@@ -187,6 +188,23 @@ def test_a_relay_whose_lease_ran_out_is_fenced_off(recorder, caplog):
     assert (message.state, message.attempts) == (OutboxState.SENT, 2)
     assert len(recorder.seen) == 2
     assert "taken over by another relay while delivered" in caplog.text
+
+
+def test_the_relay_command_gives_back_the_previous_sigterm_handler(recorder):
+    """A process that runs the command itself (a worker, a scheduler calling
+    ``call_command``) keeps its own SIGTERM handling once the command returns."""
+
+    def own(signum: int, frame: Any) -> None:
+        raise AssertionError("not called here")
+
+    previous = signal.signal(signal.SIGTERM, own)
+    try:
+        enqueue(1)
+        call_command("idempotency_relay", "--once", stdout=io.StringIO())
+        assert signal.getsignal(signal.SIGTERM) is own
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert len(recorder.seen) == 1
 
 
 def test_deliver_due_drains_in_batches(recorder):

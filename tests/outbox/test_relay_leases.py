@@ -1,74 +1,150 @@
-"""The relay's lease on the messages it claimed: a slow handler does not make what was
-delivered before it claimable again, and a message whose handler kills the relay is
-dead-lettered after ``OUTBOX_MAX_ATTEMPTS`` runs."""
+"""The relay's lease on the messages it claimed: a handler slower than the lease keeps
+its message (the relay renews the lease) while the rest of its batch is handed back
+and delivered by other relays, attempts count handler runs, and a message whose
+handler kills the relay is dead-lettered after ``OUTBOX_MAX_ATTEMPTS`` runs."""
 
 from __future__ import annotations
 
+import datetime as dt
+import signal
 import threading
+import time
+from collections import Counter
+from typing import Any
 
 import pytest
 from django.db import connections, transaction
 
-from django_idempotency import outbox, signals
+from django_idempotency import outbox
 from django_idempotency.conf import conf
 from django_idempotency.models import OutboxMessage, OutboxState
 from django_idempotency.outbox import relay
 from django_idempotency.testing import travel
+from tests.support.faults import wait_for
+from tests.support.relay_process import SENT, child, states
+from tests.support.relay_process import enqueue as enqueue_for_children
+
+__all__ = ["child"]  # the fixture, used here
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_a_slow_handler_does_not_make_delivered_messages_claimable_again():
-    """Relay A delivers messages 0 and 1, then its handler of message 2 blocks past A's
-    lease. The marks of 0 and 1 are committed while it blocks (their group's deadline,
-    ``OUTBOX_MARK_DELAY``, is far inside the lease: the watchdog writes them), so
-    relay B, once A's lease ran out, delivers only message 2 again."""
-    entered, proceed, marked = threading.Event(), threading.Event(), threading.Event()
-    seen: list[tuple[str, int]] = []
-    ids: dict[int, int] = {}
-    committed: set[int] = set()
+LEASE = 0.6  # seconds: short, so that a handler of three leases takes two seconds
 
-    def handler(message, dedup_key):
-        who = threading.current_thread().name
-        seen.append((who, message.payload["n"]))
-        if message.payload["n"] == 2 and who == "A":
-            entered.set()
-            proceed.wait(30)  # the last handler of relay A's batch is slow
 
-    def on_delivered(sender, message_id, **kwargs):
-        committed.add(message_id)
-        if {ids[0], ids[1]} <= committed:
-            marked.set()
+def run_relays(count: int, handler: Any, messages: int) -> tuple[list[int], Counter[int]]:
+    """``count`` relay threads, each a ``Relay`` with the short lease polling for
+    batches, deliver ``messages`` messages of topic ``tests.lease``; returns their
+    ids and how many times each one's handler ran once every message is sent."""
+    runs: Counter[int] = Counter()
+    lock = threading.Lock()
+    finished = threading.Event()
+    errors: list[BaseException] = []
 
-    outbox.register("tests.slow")(handler)
-    signals.outbox_delivered.connect(on_delivered)
+    def counted(message: OutboxMessage, key: str) -> None:
+        with lock:
+            runs[message.pk] += 1
+        handler(message)
+
+    def relay_thread() -> None:
+        try:
+            with relay.Relay(lease=LEASE) as each:
+                while not finished.is_set():
+                    if each.deliver_batch(messages) == 0:
+                        finished.wait(0.02)  # the poll interval, as the command's
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    outbox.register("tests.lease")(counted)
     try:
         with transaction.atomic():
-            for n in range(3):
-                ids[n] = outbox.enqueue("tests.slow", {"n": n}).pk
-
-        def relay_a():
-            try:
-                relay.deliver_batch(10, lease=2.0)
-            finally:
-                connections.close_all()
-
-        thread = threading.Thread(target=relay_a, name="A")
-        thread.start()
-        assert entered.wait(30)
-        # Before the fix, nothing marked them before the slow handler returned.
-        assert marked.wait(30), "messages 0 and 1 not marked sent while handler 2 blocks"
-        with travel(3):  # relay A's lease ran out while its third handler still runs
-            relay.deliver_batch(10, lease=30.0)
-        proceed.set()
-        thread.join(30)
-        assert not thread.is_alive(), "relay A did not finish"
-        delivered_again = [n for who, n in seen if who != "A"]
-        assert delivered_again == [2], seen
+            ids = [outbox.enqueue("tests.lease", {"n": n}).pk for n in range(messages)]
+        threads = [threading.Thread(target=relay_thread) for _ in range(count)]
+        for thread in threads:
+            thread.start()
+        try:
+            wait_for(
+                lambda: not OutboxMessage.objects.exclude(state=OutboxState.SENT).exists() or errors
+            )
+        finally:
+            finished.set()
+            for thread in threads:
+                thread.join(30)
     finally:
-        proceed.set()
-        signals.outbox_delivered.disconnect(on_delivered)
-        outbox.unregister("tests.slow")
+        outbox.unregister("tests.lease")
+    assert not errors, errors
+    return ids, runs
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("relays", [2, 4])
+@pytest.mark.parametrize("leases", [0, 1, 3])
+def test_a_handler_slower_than_the_lease_runs_once_and_its_batch_is_delivered_meanwhile(
+    relays, leases, settings
+):
+    """Several relays; the first message's handler runs 0, 1 or 3 relay leases. Its
+    relay renews its lease, so no other relay runs it again; half a lease after the
+    claim the rest of its batch is handed back while the handler still runs, and the
+    other relays deliver it meanwhile. Each handler runs once, each attempt counted is
+    a run (1 each), and nothing is dead-lettered, even with 2 attempts allowed."""
+    settings.IDEMPOTENCY = {"OUTBOX_KICK": False, "OUTBOX_MAX_ATTEMPTS": 2}
+    slow_ran: list[bool] = []
+
+    def handler(message: OutboxMessage) -> None:
+        if message.payload["n"] != 0 or not leases:
+            return
+        began = time.monotonic()
+        # The others are delivered by the other relays while this handler runs.
+        slow_ran.append(wait_others())
+        left = leases * LEASE - (time.monotonic() - began)
+        if left > 0:
+            threading.Event().wait(left)  # the handler's own work: `leases` leases long
+
+    def wait_others() -> bool:
+        try:
+            wait_for(
+                lambda: OutboxMessage.objects.filter(state=OutboxState.SENT).count() == 7,
+                timeout=10,
+            )
+        except AssertionError:
+            return False
+        return True
+
+    ids, runs = run_relays(relays, handler, messages=8)
+    assert runs == Counter(dict.fromkeys(ids, 1)), "a handler ran twice, or never"
+    rows = OutboxMessage.objects.values_list("state", "attempts")
+    assert set(rows) == {(OutboxState.SENT, 1)}
+    if leases:
+        assert slow_ran == [True], "the batch waited for its slow handler"
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("processes", [2, 4])
+def test_relay_processes_run_a_handler_slower_than_the_lease_once(child, processes, settings):
+    """Relay commands in processes of their own, with a lease of 0.6 s; the first
+    message's handler blocks until its relay has renewed its lease past three leases.
+    The rest of its batch is delivered meanwhile, and no other process runs it."""
+    settings.IDEMPOTENCY = {"OUTBOX_KICK": False}
+    ids = enqueue_for_children(8)
+    env = {"RELAY_LEASE": str(LEASE)}
+    relays = [
+        child([ids[0]], "--interval", "0.05", mark_delay=0.005, env=env) for _ in range(processes)
+    ]
+    wait_for(lambda: states(ids[1:]) == [(SENT, 1)] * 7, timeout=60)  # while handler 0 blocks
+    claimed = OutboxMessage.objects.get(pk=ids[0]).available_at
+    three_leases = claimed + dt.timedelta(seconds=3 * LEASE)
+    wait_for(lambda: OutboxMessage.objects.get(pk=ids[0]).available_at >= three_leases, 60)
+    for each in relays:
+        each.release(ids[0])
+    wait_for(lambda: states(ids) == [(SENT, 1)] * 8, timeout=60)
+    for each in relays:
+        each.signal(signal.SIGTERM)
+    for each in relays:
+        assert each.finish() == 0, each.stderr()
+    runs = [line for each in relays for line in each.lines if line == f"delivered {ids[0]}"]
+    assert len(runs) == 1, "another relay ran the slow handler again"
 
 
 def test_a_message_that_kills_its_relay_is_dead_lettered_after_max_attempts():

@@ -274,3 +274,25 @@ def _enqueue_when_up() -> list[int] | None:
     except Exception:
         connection.close()
         return None
+
+
+def test_the_relay_command_backs_off_while_the_database_is_down(child, proxy, settings):
+    """While the database refuses connections the relay waits longer after each failed
+    try (0.25 to 0.5 s, then 0.5 to 1 s, then 1 to 2 s...), not a tight loop of
+    connection attempts: the database back just after the third try, the line that ends
+    the outage counts three or four failed tries, not hundreds."""
+    settings.IDEMPOTENCY = {"OUTBOX_KICK": False}
+    proxy.cut()
+    ids = enqueue(1)
+    relay_process = child(
+        [], "--interval", "0.05", env={"RELAY_DB_PORT": str(proxy.port), "RELAY_LOG": "DEBUG"}
+    )
+    relay_process.wait_for_log("still unavailable (try 3)")
+    proxy.restore()  # the fourth try comes a second or more after the third
+    wait_for(lambda: states(ids) == [(SENT, 1)])
+    relay_process.signal(signal.SIGTERM)
+    assert relay_process.finish() == 0, relay_process.stderr()
+    _started, ended = outage_lines(relay_process.log)
+    assert len(ended) == 1
+    tries = int(ended[0].rsplit("(", 1)[1].split()[0])
+    assert 3 <= tries <= 4, ended[0]

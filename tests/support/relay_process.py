@@ -45,7 +45,11 @@ if os.environ.get("RELAY_LOG"):
 
     logging.basicConfig(stream=sys.stderr, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("django_idempotency").setLevel(os.environ["RELAY_LOG"])
-settings.IDEMPOTENCY = {"OUTBOX_KICK": False, "OUTBOX_MARK_DELAY": float(sys.argv[2])}
+settings.IDEMPOTENCY = {
+    "OUTBOX_KICK": False,
+    "OUTBOX_MARK_DELAY": float(sys.argv[2]),
+    "OUTBOX_RELAY_LEASE": float(os.environ.get("RELAY_LEASE", "120")),
+}
 from django_idempotency import outbox
 
 blocked = {int(pk) for pk in sys.argv[3].split(",") if pk}
@@ -111,6 +115,7 @@ class Child:
         mark_delay: its ``OUTBOX_MARK_DELAY``.
         env: extra environment (``RELAY_DB_PORT``: connect there; ``RELAY_LOG``: the
             level of the ``django_idempotency`` loggers, written to stderr;
+            ``RELAY_LEASE``: its ``OUTBOX_RELAY_LEASE``;
             ``COMMAND_NAME``: another command than ``idempotency_relay``).
     """
 

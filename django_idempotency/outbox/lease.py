@@ -1,0 +1,260 @@
+"""The relay lease over the messages a relay holds, kept while it works (docs/outbox.md).
+
+A relay's claim leases its batch for ``OUTBOX_RELAY_LEASE`` seconds and counts an
+attempt for each message. :class:`Holding` keeps what the relay still holds (every
+message claimed and not yet marked, failed or handed back) and:
+
+- **renews** the lease of all of them every third of the lease, in one fenced UPDATE,
+  so a handler that runs longer than the lease keeps its message (and its batch's
+  delivered messages whose marks wait) from every other relay while this relay lives;
+- **hands back** the messages of the batch no handler started once half the lease has
+  gone since the claim, or when the relay stops: due at once, the claim's attempt
+  undone, so an attempt counts a handler's run, and a message never handed to a
+  handler is never dead-lettered.
+
+On PostgreSQL (outside a transaction) the marks' watchdog thread tends the lease while a
+handler blocks (``outbox.marks``); elsewhere the relay's thread tends it between
+handlers. Every write about a claimed message (its mark, its failure, its hand-back, a
+renewal) is fenced by the claim: the attempt count the claim gave it and a lease end no
+earlier than the claim's. A renewal only moves the lease end later, so it never fences
+off this relay's own writes; another relay's claim counts an attempt, so it fences them
+off. No write waits for another: a mark that blocks in the database holds back neither
+the renewal nor the next handler.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime as dt
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from django.db import connections
+
+from django_idempotency.models import OutboxMessage, OutboxState
+from django_idempotency.outbox.claim import Claimed, hand_back
+from django_idempotency.outbox.failures import fail
+from django_idempotency.store import clock
+
+logger = logging.getLogger("django_idempotency.outbox")
+
+_PG_RENEW_SQL = """
+UPDATE django_idempotency_outbox AS m
+SET available_at = {now} + %(lease)s * interval '1 second'
+FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(until)s::timestamptz[])
+     AS c(id, attempts, until)
+WHERE m.id = c.id AND m.attempts = c.attempts AND m.available_at >= c.until
+  AND m.state = 'pending'
+  AND m.id = ANY(%(ids)s::bigint[])  -- by primary key, whatever the table's size
+RETURNING m.id, m.available_at AT TIME ZONE 'UTC'
+"""
+_NOW = "(statement_timestamp() + %(offset)s * interval '1 second')"
+
+
+class Holding:
+    """The messages one relay holds under its lease; thread-safe.
+
+    Args:
+        using: database alias.
+    """
+
+    def __init__(self, using: str) -> None:
+        self.using = using
+        #: Guards the messages held and the batch's rest (not the database writes).
+        self.lock = threading.RLock()
+        self._held: dict[int, Claimed] = {}
+        self._rest: collections.deque[Claimed] = collections.deque()
+        self._lease = math.inf
+        self._renew_at = math.inf
+        self._hand_back_at = math.inf
+        #: Called when new deadlines start (a batch was claimed): the watchdog's wake-up.
+        self.wake: Callable[[], None] = lambda: None
+
+    def begin(self, claimed: list[Claimed], started: float, lease: float) -> None:
+        """Hold a claimed batch; ``started``: ``time.monotonic()`` before the claim."""
+        with self.lock:
+            first = started + lease / 3
+            self._renew_at = min(self._renew_at, first) if self._held else first
+            for item in claimed:
+                self._held[item.message.pk] = item
+            self._rest = collections.deque(claimed)
+            self._lease = lease
+            self._hand_back_at = started + lease / 2
+        self.wake()
+
+    def take(self, stopping: bool) -> Claimed | None:
+        """The batch's next message for a handler; ``None`` once none may start.
+
+        None may start once the relay is ``stopping`` or half the lease has gone since
+        the claim: the rest is then handed back.
+
+        Raises:
+            django.db.DatabaseError: the hand-back failed; the rest stays leased.
+        """
+        with self.lock:
+            if not self._rest:
+                return None
+            if not stopping and time.monotonic() < self._hand_back_at:
+                return self._rest.popleft()
+        self._give_back()
+        return None
+
+    def time_left(self) -> float | None:
+        """Seconds until :meth:`tend` has work (``<= 0``: now); ``None``: none to come."""
+        when = min(
+            self._renew_at if self._held else math.inf,
+            self._hand_back_at if self._rest else math.inf,
+        )
+        return None if when == math.inf else when - time.monotonic()
+
+    def tend(self) -> None:
+        """Hand the batch's rest back at half the lease; renew the lease when due.
+
+        Raises:
+            django.db.DatabaseError: the database failed; tried again at the next call.
+        """
+        now = time.monotonic()
+        if self._rest and now >= self._hand_back_at:
+            self._give_back()
+        if self._held and now >= self._renew_at:
+            self._renew()
+
+    def fail(self, item: Claimed, exc: Exception) -> str:
+        """Record a failed attempt (``failures.fail``) under the lease; the outcome."""
+        outcome = fail(self.using, item.message, exc)
+        self.release([item.message.pk])
+        return outcome
+
+    def release(self, ids: Iterable[int]) -> None:
+        """Stop holding messages whose outcome was written (or taken over), by id."""
+        with self.lock:
+            for pk in ids:
+                self._held.pop(pk, None)
+
+    def give_back_quietly(self, extra: Iterable[Claimed] = ()) -> None:
+        """Hand back the batch's rest (and ``extra``) while a batch stops on an error.
+
+        A failure is logged, not raised: the messages stay leased and are delivered
+        after the lease.
+        """
+        with self.lock:
+            self._rest.extend(extra)
+            count = len(self._rest)
+        if not count:
+            return
+        try:
+            self._give_back()
+        except Exception as exc:
+            logger.warning(
+                "%d claimed outbox message(s) not handed back (delivered after the relay "
+                "lease): %s",
+                count,
+                exc,
+            )
+            with self.lock:
+                self.forget(self._rest)
+                self._rest.clear()
+
+    def end_batch(self, keep: Iterable[int]) -> None:
+        """The batch is over: hold only the ids ``keep`` (delivered, marks not written yet).
+
+        A message whose outcome was not recorded (its handler interrupted, its failure
+        not written) is no longer renewed: it is delivered again after its lease.
+        """
+        kept = set(keep)
+        with self.lock:
+            self.forget([item for pk, item in self._held.items() if pk not in kept])
+            self._rest.clear()
+
+    def forget(self, items: Iterable[Claimed]) -> None:
+        """Stop renewing these messages' lease (left as they are in the database)."""
+        with self.lock:
+            for item in list(items):
+                self._held.pop(item.message.pk, None)
+
+    def _give_back(self) -> None:
+        """Hand back the batch's rest; on a failure it stays the rest (and leased)."""
+        with self.lock:
+            rest = list(self._rest)
+            self._rest.clear()
+        if not rest:
+            return
+        try:
+            hand_back(self.using, [item.message for item in rest])
+        except BaseException:
+            with self.lock:
+                self._rest.extendleft(reversed(rest))
+            raise
+        self.release(item.message.pk for item in rest)
+
+    def _renew(self) -> None:
+        with self.lock:
+            items = list(self._held.values())
+            lease = self._lease
+        renewed = renew(self.using, items, lease)
+        with self.lock:
+            # Not renewed and still held: another relay's claim has it (this relay's
+            # lease had run out). Released meanwhile: marked, failed or handed back.
+            lost = [i for i in items if i.message.pk not in renewed and i.message.pk in self._held]
+            for item in lost:
+                del self._held[item.message.pk]
+            if lost:
+                self._rest = collections.deque(i for i in self._rest if i.message.pk in self._held)
+            self._renew_at = time.monotonic() + lease / 3
+        if lost:
+            logger.warning(
+                "%d outbox message(s) were taken over by another relay while held", len(lost)
+            )
+
+
+def renew(using: str, held: list[Claimed], lease: float) -> dict[int, dt.datetime]:
+    """Move the lease end of ``held`` to ``lease`` seconds from now, fenced by their claim.
+
+    Args:
+        using: database alias.
+        held: claimed messages, each with the attempt count and lease end its claim
+            gave it (``message.available_at``: the claim's, kept as the fence).
+        lease: seconds.
+
+    Returns:
+        The new lease end of each message whose claim still held, by id.
+
+    Raises:
+        django.db.DatabaseError: the database failed; nothing was renewed.
+    """
+    if not held:
+        return {}
+    connection = connections[using]
+    if connection.vendor == "postgresql":
+        params: dict[str, Any] = {
+            "offset": clock.offset(),
+            "lease": lease,
+            "ids": [item.message.pk for item in held],
+            "attempts": [item.message.attempts for item in held],
+            "until": [item.message.available_at.astimezone(dt.UTC).isoformat() for item in held],
+        }
+        with connection.cursor() as cursor:
+            cursor.execute(_PG_RENEW_SQL.format(now=_NOW), params)
+            return {row[0]: clock.utc_from_naive(row[1]) for row in cursor.fetchall()}
+    manager = OutboxMessage.objects.using(using)
+    new_end = clock.app_now() + dt.timedelta(seconds=lease)
+    claims: dict[tuple[dt.datetime, int], list[int]] = {}
+    for item in held:
+        claims.setdefault((item.message.available_at, item.message.attempts), []).append(
+            item.message.pk
+        )
+    renewed: dict[int, dt.datetime] = {}
+    for (end, attempts), ids in claims.items():
+        manager.filter(
+            pk__in=ids,
+            state=OutboxState.PENDING,
+            attempts=attempts,
+            available_at__gte=clock.to_db(end, connection),
+        ).update(available_at=clock.to_db(new_end, connection))
+        mine = manager.filter(pk__in=ids, available_at=clock.to_db(new_end, connection))
+        renewed.update(dict.fromkeys(mine.values_list("pk", flat=True), new_end))
+    return renewed
