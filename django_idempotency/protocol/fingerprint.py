@@ -307,12 +307,12 @@ def _body_inputs(
     except RawPostDataException:
         # The stream was consumed by a parser (DRF) before we ran: use its result.
         if parsed is None:
-            form = _loaded_form(request, media_type)
-            if form is None:
+            loaded = _loaded_form(request, media_type)
+            if loaded is None:
                 raise
-            skip = (*exclude, *form_exclude)
-            form_parts = _form_parts(*form, skip)
-            return form_parts, (_form_parts(*form, ()) if skip else None)
+            left_out = (*exclude, *form_exclude)
+            sent = _form_parts(*loaded, ()) if left_out else None
+            return _form_parts(*loaded, left_out), sent
         parts = _parsed_parts(parsed, media_type, exclude, form_exclude)
         if not exclude and not form_exclude:
             return parts, None

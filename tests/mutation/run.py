@@ -2059,6 +2059,7 @@ MUTANTS: list[Mutant] = [
         ),
         backends=(SQLITE,),
         what="a replay without its Content-Type passes the conformance check",
+    ),
     # fingerprint.py: a blank query parameter is part of the query
     m(
         "FP1",
@@ -2122,6 +2123,7 @@ MUTANTS: list[Mutant] = [
         tests=("tests/client/test_retry_logging.py",),
         backends=(SQLITE,),
         what="stamina prints a bare retry_scheduled line for each client retry",
+    ),
     # Django Ninja: an operation's own options, its temporal response, uploads of PUT
     # and PATCH, the principal a refreshed credential keeps, the checks' listing, the 422
     m(
@@ -2217,6 +2219,7 @@ MUTANTS: list[Mutant] = [
             "test_w011_names_each_mutating_action_neither_protected_nor_exempt",
         ),
         what="W011 names protected actions",
+    ),
     # outbox/lease.py: a relay keeps its lease while handlers run, and attempts count
     # handler runs
     m(
