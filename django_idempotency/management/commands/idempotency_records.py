@@ -103,21 +103,26 @@ class Command(BaseCommand):
         self.stdout.write(f"{shown} record{'s' if shown != 1 else ''} found.")
         if not acting or not found:
             return
-        ids = [record.pk for record in found]
+        ids = [record.pk for record in found]  # only those printed (--limit)
         if options["end_lease"]:
             count = operators.end_leases(ids, using=using)
-            self.stdout.write(
-                f"Ended {count} lease{'s' if count != 1 else ''}: the next retry with "
-                "each key takes it over."
+            done = (
+                f"Ended {count} lease{'s' if count != 1 else ''}: the next retry with each "
+                "key takes it over."
             )
+            none = "No lease was ended: none of the records found has a live lease."
+            why = "no live lease (completed, or the lease has run out or was ended already)"
         else:
             count = operators.forget_responses(ids, using=using)
-            self.stdout.write(
+            done = (
                 f"Forgot {count} stored response{'s' if count != 1 else ''}: the next "
                 "request with each key runs the view again."
             )
+            none = "No stored response was forgotten: none of the records found is completed."
+            why = "not completed (a claim's lease can be ended instead)"
+        self.stdout.write(done if count else none)
         if shown - count:
-            self.stdout.write(f"Left alone {shown - count}: not applicable to their condition.")
+            self.stdout.write(f"Left alone {shown - count}: {why}.")
 
     def _matching(self, using: str, options: dict[str, Any]) -> QuerySet[Any]:
         """The records the options select, annotated for their condition.
