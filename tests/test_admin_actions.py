@@ -99,7 +99,9 @@ def test_the_confirmation_shows_times_as_the_record_pages_do():
     assert re.search(rf"{stamp} \(lease ends in (59|60) min\)", page)
     done = completed()
     page = act(client, "forget_responses", [done], confirm=False).content.decode()
-    assert re.search(rf"{done.completed_at:%Y-%m-%d %H:%M:%S} UTC \(completed (now|\d s ago)\)", page)
+    assert re.search(
+        rf"{done.completed_at:%Y-%m-%d %H:%M:%S} UTC \(completed (now|\d s ago)\)", page
+    )
 
 
 @pytest.mark.django_db
@@ -237,6 +239,7 @@ def test_end_the_lease_of_a_running_owner_over_http():
     (owner,) = runner.join()
     assert owner.status_code == 409
     assert owner.json()["type"].endswith("lease-lost")
+    assert "or an operator ended the lease" in owner.json()["detail"]  # the cause, named
     assert Widget.objects.filter(name="job").count() == 1  # the owner's write rolled back
     record.refresh_from_db()
     assert record.state == RecordState.COMPLETED
@@ -287,7 +290,7 @@ def test_retry_dead_says_which_selected_messages_were_left_alone_and_why():
 @pytest.mark.django_db
 def test_a_sent_message_shows_no_due_time():
     client = staff(superuser=True)
-    sent, pending = _messages("sent", "pending")
+    sent, _pending = _messages("sent", "pending")
     listing = client.get(OUTBOX)
     rows = {row.pk: row for row in listing.context["cl"].result_list}
     admin_obj = listing.context["cl"].model_admin

@@ -278,7 +278,9 @@ def _beat_databases(periodic_task: Any) -> tuple[list[str], str]:
     except Exception:  # a router that needs a request's or a tenant's context
         alias = None
     if alias in connections:
-        where = f"the {alias!r} database, where the database routers send django_celery_beat's reads"
+        where = (
+            f"the {alias!r} database, where the database routers send django_celery_beat's reads"
+        )
         return [alias], where
     aliases = list(connections)
     return aliases, "every database (" + ", ".join(map(repr, aliases)) + ")"
