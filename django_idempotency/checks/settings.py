@@ -271,18 +271,18 @@ def _beat_databases(periodic_task: Any) -> tuple[list[str], str]:
     the scheduler's own queries are sent); every database when that is unclear (a
     router fails without the hints of a request, or names an unknown alias).
     """
-    from django.db import connections, router
+    from django.db import router
 
     try:
-        alias = router.db_for_read(periodic_task)
+        alias = str(router.db_for_read(periodic_task))
     except Exception:  # a router that needs a request's or a tenant's context
-        alias = None
-    if alias in connections:
+        alias = ""
+    if alias in settings.DATABASES:
         where = (
             f"the {alias!r} database, where the database routers send django_celery_beat's reads"
         )
         return [alias], where
-    aliases = list(connections)
+    aliases = list(settings.DATABASES)
     return aliases, "every database (" + ", ".join(map(repr, aliases)) + ")"
 
 
