@@ -211,7 +211,7 @@ def test_w004_looks_where_the_routers_send_django_celery_beats_reads(settings):
     assert "in the 'shard' database, where the database routers send" in missing.hint
 
 
-@pytest.mark.django_db(databases=["default", "shard"])
+@pytest.mark.django_db(databases="__all__")
 def test_w004_looks_in_every_database_when_the_routers_cannot_say(settings):
     from django_idempotency.checks.settings import check_sweeper_scheduled_in_database
 
