@@ -87,6 +87,9 @@ def test_end_the_lease_lists_only_the_leases_it_will_end():
     assert "None of the selected records has a live lease" in nothing
     assert "nothing will change" in nothing and "Yes, end the leases" not in nothing
     assert ended.key not in nothing and "other selected" not in nothing
+    posted = act(client, "end_leases", [ended, expired], confirm=True)  # e.g. a second tab
+    messages = [str(m) for m in posted.context["messages"]]
+    assert messages == ["No lease was ended: none of the selected records has a live lease."]
 
 
 @pytest.mark.django_db

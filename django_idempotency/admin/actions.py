@@ -8,8 +8,8 @@ from django.contrib.auth import get_permission_codename
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
+from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
-from django.utils.translation import ngettext
 
 from django_idempotency.admin.display import admin_page, lease_text, when_text
 from django_idempotency.models import OutboxState, RecordState
@@ -109,6 +109,13 @@ class RecordActionsMixin:
         count = operators.end_leases(
             list(queryset.values_list("pk", flat=True)), using=getattr(queryset, "_db", None)
         )
+        if not count:  # they ran out, completed or were ended since the confirmation
+            self.message_user(
+                request,
+                gettext("No lease was ended: none of the selected records has a live lease."),
+                level="warning",
+            )
+            return None
         self.message_user(
             request,
             ngettext(
