@@ -37,9 +37,9 @@ class Command(BaseCommand):
         "Look up idempotency records by principal, endpoint, key or key hash (the "
         "key_hash of the log lines) and print each with its condition (in flight, "
         "abandoned, completed), its times and its stored response's size; the body "
-        "only with --body. --end-lease ends the live leases of the matching claimed "
-        "records (the next retry takes each over); --forget-response deletes the "
-        "matching completed records (the next request with each key runs the view "
+        "only with --body. --end-lease ends the live leases of the claimed records "
+        "printed (the next retry takes each over); --forget-response deletes the "
+        "completed records printed (the next request with each key runs the view "
         "again, a second time). Both act at once, as the admin's actions do once "
         "confirmed, and need at least one of --principal, --endpoint, --path, --key, "
         "--key-hash."
@@ -66,7 +66,11 @@ class Command(BaseCommand):
             help="Database alias (default: the router's choice for writing records).",
         )
         parser.add_argument(
-            "--limit", type=int, default=50, help="Print at most this many, newest first."
+            "--limit",
+            type=int,
+            default=50,
+            help="Print at most this many, newest first; --end-lease and --forget-response "
+            "act on those printed only.",
         )
         parser.add_argument(
             "--body", action="store_true", help="Print each stored body as a replay sends it."
@@ -75,12 +79,12 @@ class Command(BaseCommand):
         action.add_argument(
             "--end-lease",
             action="store_true",
-            help="End the live leases of the matching claimed records now.",
+            help="End the live leases of the claimed records printed, now.",
         )
         action.add_argument(
             "--forget-response",
             action="store_true",
-            help="Delete the matching completed records: their keys run the view again.",
+            help="Delete the completed records printed: their keys run the view again.",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:  # noqa: D102
