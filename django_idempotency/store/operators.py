@@ -75,8 +75,11 @@ def end_leases(record_ids: list[int], *, using: str | None = None) -> int:
         run out are left alone and not counted).
     """
     using = using or record_database()
-    records = IdempotencyRecord.objects.using(using).filter(pk__in=list(record_ids))
-    return int(with_live_lease(records).update(lease_until=F("created_at")))
+    return int(
+        with_live_lease(
+            IdempotencyRecord.objects.using(using).filter(pk__in=list(record_ids))
+        ).update(lease_until=F("created_at"))
+    )
 
 
 def with_live_lease(queryset: QuerySet[Any]) -> QuerySet[Any]:

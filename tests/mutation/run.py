@@ -1485,8 +1485,8 @@ MUTANTS: list[Mutant] = [
     m(
         "CL10",
         "store/operators.py",
-        '        .update(lease_until=F("created_at"))\n',
-        "        .update(lease_until=now_value(using))\n",
+        '        ).update(lease_until=F("created_at"))\n',
+        "        ).update(lease_until=now_value(using))\n",
         tests=(
             "tests/test_logging.py::"
             "test_a_takeover_says_whether_the_lease_expired_or_an_operator_ended_it",
