@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 import uuid
 
 import pytest
@@ -58,7 +59,7 @@ def test_end_the_lease_asks_first_then_ends_only_live_claims():
     assert page.status_code == 200 and "End the lease" in html
     assert stuck.key in html and other.key in html and done.key not in html
     assert "409 lease-lost" in html and "rolled back" in html  # the consequence, said
-    assert "1 other selected record does not qualify" in html
+    assert "1 other selected record has no live lease" in html
     stuck.refresh_from_db()  # nothing changed yet
     assert stuck.lease_until > timezone.now()
     done_page = act(client, "end_leases", [stuck, other, done], confirm=True)
@@ -69,6 +70,41 @@ def test_end_the_lease_asks_first_then_ends_only_live_claims():
         record.refresh_from_db()
         assert record.lease_until <= timezone.now() and record.state == RecordState.CLAIMED
     assert other.recovery_point == "leased"  # a phased claim resumes after its phase
+
+
+@pytest.mark.django_db
+def test_end_the_lease_lists_only_the_leases_it_will_end():
+    """A lease that an operator ended already, or that ran out, is not listed for
+    confirmation; with nothing to end, the page says so and offers no button."""
+    client = staff(superuser=True)
+    stuck, ended = live_claim(), live_claim()
+    act(client, "end_leases", [ended], confirm=True)
+    expired = IdempotencyRecordFactory(lease_until=timezone.now() - dt.timedelta(minutes=5))
+    page = act(client, "end_leases", [stuck, ended, expired], confirm=False).content.decode()
+    assert stuck.key in page and ended.key not in page and expired.key not in page
+    assert "2 other selected records have no live lease" in page
+    nothing = act(client, "end_leases", [ended, expired], confirm=False).content.decode()
+    assert "None of the selected records has a live lease" in nothing
+    assert "nothing will change" in nothing and "Yes, end the leases" not in nothing
+    assert ended.key not in nothing and "other selected" not in nothing
+    posted = act(client, "end_leases", [ended, expired], confirm=True)  # e.g. a second tab
+    messages = [str(m) for m in posted.context["messages"]]
+    assert messages == ["No lease was ended: none of the selected records has a live lease."]
+
+
+@pytest.mark.django_db
+def test_the_confirmation_shows_times_as_the_record_pages_do():
+    """``2026-12-04 17:43:01 UTC (lease ends in 59 min)``: one format across the admin."""
+    client = staff(superuser=True)
+    stuck = live_claim()
+    page = act(client, "end_leases", [stuck], confirm=False).content.decode()
+    stamp = f"{stuck.lease_until:%Y-%m-%d %H:%M:%S} UTC"
+    assert re.search(rf"{stamp} \(lease ends in (59|60) min\)", page)
+    done = completed()
+    page = act(client, "forget_responses", [done], confirm=False).content.decode()
+    assert re.search(
+        rf"{done.completed_at:%Y-%m-%d %H:%M:%S} UTC \(completed (now|\d s ago)\)", page
+    )
 
 
 @pytest.mark.django_db
@@ -206,6 +242,7 @@ def test_end_the_lease_of_a_running_owner_over_http():
     (owner,) = runner.join()
     assert owner.status_code == 409
     assert owner.json()["type"].endswith("lease-lost")
+    assert "or an operator ended the lease" in owner.json()["detail"]  # the cause, named
     assert Widget.objects.filter(name="job").count() == 1  # the owner's write rolled back
     record.refresh_from_db()
     assert record.state == RecordState.COMPLETED
@@ -256,11 +293,27 @@ def test_retry_dead_says_which_selected_messages_were_left_alone_and_why():
 @pytest.mark.django_db
 def test_a_sent_message_shows_no_due_time():
     client = staff(superuser=True)
-    sent, pending = _messages("sent", "pending")
+    sent, _pending = _messages("sent", "pending")
     listing = client.get(OUTBOX)
     rows = {row.pk: row for row in listing.context["cl"].result_list}
     admin_obj = listing.context["cl"].model_admin
     assert admin_obj.due(rows[sent.pk]) == "—"
-    assert admin_obj.due(rows[pending.pk]) == pending.available_at
     page = client.get(f"{OUTBOX}{sent.pk}/change/").content.decode()
     assert "Available at" in page and "—" in page
+
+
+@pytest.mark.django_db
+def test_outbox_times_read_as_the_record_pages_do():
+    """To the second in UTC with the relative time, in the list and on the page."""
+    client = staff(superuser=True)
+    (pending,) = _messages("pending")
+    OutboxMessage.objects.filter(pk=pending.pk).update(
+        available_at=timezone.now() + dt.timedelta(minutes=3, seconds=30)
+    )
+    pending.refresh_from_db()
+    listing = client.get(OUTBOX).content.decode()
+    due = f"{pending.available_at:%Y-%m-%d %H:%M:%S} UTC (due in 3 min)"
+    created = f"{pending.created_at:%Y-%m-%d %H:%M:%S} UTC ("
+    assert due in listing and created in listing
+    page = client.get(f"{OUTBOX}{pending.pk}/change/").content.decode()
+    assert due in page and created in page

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 import uuid
 
 import pytest
@@ -85,7 +86,7 @@ def test_forget_response_runs_the_view_again_and_leaves_claims_alone(api, key):
     pending = claim(principal=record.principal)
     out = records("--principal", record.principal, "--forget-response")
     assert "Forgot 1 stored response: the next request with each key runs the view again." in out
-    assert "Left alone 1: not applicable to their condition." in out
+    assert "Left alone 1: not completed (a claim's lease can be ended instead)." in out
     assert IdempotencyRecord.objects.filter(pk=pending.record_id).exists()
     again = api.post("/notify", {}, format="json", HTTP_IDEMPOTENCY_KEY=key)
     assert again.status_code == 201 and "Idempotent-Replayed" not in again
@@ -114,4 +115,41 @@ def test_finds_records_by_request_path_and_prints_it(api, key):
     assert out.endswith("1 record found.\n")
     assert "  path:        -" in records("--key", other.scope.key)
     ended = records("--path", f"/widgets/{widget.pk}/reboot", "--end-lease")
-    assert "Left alone 1: not applicable to their condition." in ended  # completed
+    assert "No lease was ended: none of the records found has a live lease." in ended
+    assert "Left alone 1: no live lease (completed, or the lease has run out" in ended
+
+
+def test_end_lease_of_an_ended_lease_says_nothing_was_ended():
+    stuck = claim()
+    records("--key", stuck.scope.key, "--end-lease")
+    again = records("--key", stuck.scope.key, "--end-lease")
+    assert "lease ended by an operator" in again
+    assert "No lease was ended: none of the records found has a live lease." in again
+    assert "Ended 0" not in again
+
+
+def _printed_keys(out: str) -> set[str]:
+    return set(re.findall(r" key '([^']+)' \(key_hash", out))
+
+
+def test_end_lease_and_forget_act_only_on_the_records_printed_by_limit(api):
+    """``--limit N`` prints N records, and ``--end-lease`` / ``--forget-response`` act
+    on those N only, never on the other matches."""
+    claims = [claim(principal="auth.user:limit") for _ in range(3)]
+    out = records("--principal", "auth.user:limit", "--limit", "2", "--end-lease")
+    assert "2 records found." in out and "Ended 2 leases" in out
+    printed = _printed_keys(out)
+    (spared,) = {won.scope.key for won in claims} - printed
+    assert "condition:   in flight" in records("--key", spared)
+    for key in printed:
+        assert "lease ended by an operator" in records("--key", key)
+
+    keys = [str(uuid.uuid4()) for _ in range(3)]
+    for key in keys:
+        api.post("/widgets", {"name": "limit"}, format="json", HTTP_IDEMPOTENCY_KEY=key)
+    principal = IdempotencyRecord.objects.get(key=keys[0]).principal
+    out = records("--principal", principal, "--limit", "2", "--forget-response")
+    assert "Forgot 2 stored responses" in out
+    assert set(IdempotencyRecord.objects.filter(key__in=keys).values_list("key", flat=True)) == (
+        set(keys) - _printed_keys(out)
+    )

@@ -8,9 +8,10 @@ from django.contrib.auth import get_permission_codename
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.template.response import TemplateResponse
+from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
-from django.utils.translation import ngettext
 
+from django_idempotency.admin.display import admin_page, lease_text, when_text
 from django_idempotency.models import OutboxState, RecordState
 from django_idempotency.store import operators
 
@@ -59,8 +60,19 @@ class RecordActionsMixin:
     def _confirm(
         self, request: HttpRequest, queryset: QuerySet[Any], targets: QuerySet[Any], action: str
     ) -> TemplateResponse:
-        """The confirmation page of ``action`` for the selected ``queryset``."""
-        chosen = list(targets)
+        """The confirmation page of ``action``: the records of ``queryset`` it changes.
+
+        ``targets`` are those records (the others are counted, not listed); each is
+        shown with the time the action is about (``when``: the lease's end, the
+        completion), to the second in UTC with how long ago, as on the record pages.
+        """
+        with admin_page(request, targets.db):
+            chosen = list(targets)
+            for record in chosen:
+                if action == "end_leases":
+                    record.when = when_text(record.lease_until, record, lease_text(record))
+                else:
+                    record.when = when_text(record.completed_at, record, "completed {}")
         titles = {
             "end_leases": _("End the lease"),
             "forget_responses": _("Forget the stored response"),
@@ -83,8 +95,12 @@ class RecordActionsMixin:
         description=_("End the lease of selected claimed records"), permissions=["end_lease"]
     )
     def end_leases(self, request: HttpRequest, queryset: QuerySet[Any]) -> TemplateResponse | None:
-        """Confirm, then end the live leases: the next retry takes each key over."""
-        targets = queryset.filter(state=RecordState.CLAIMED)
+        """Confirm, then end the live leases: the next retry takes each key over.
+
+        The confirmation lists only the records whose lease is live (claimed, neither
+        run out nor ended already); with none, it says so and offers no button.
+        """
+        targets = operators.with_live_lease(queryset)
         if not confirmed(request):
             return self._confirm(request, queryset, targets, "end_leases")
         selected = queryset.count()
@@ -93,6 +109,13 @@ class RecordActionsMixin:
         count = operators.end_leases(
             list(queryset.values_list("pk", flat=True)), using=getattr(queryset, "_db", None)
         )
+        if not count:  # they ran out, completed or were ended since the confirmation
+            self.message_user(
+                request,
+                gettext("No lease was ended: none of the selected records has a live lease."),
+                level="warning",
+            )
+            return None
         self.message_user(
             request,
             ngettext(

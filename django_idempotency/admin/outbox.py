@@ -12,6 +12,7 @@ from django.utils.translation import gettext_lazy as _
 
 from django_idempotency import outbox
 from django_idempotency.admin.actions import left_alone
+from django_idempotency.admin.display import admin_page, when_text
 from django_idempotency.models import IdempotencyRecord, OutboxMessage, OutboxState
 from django_idempotency.outbox import claim
 from django_idempotency.store.routing import outbox_database
@@ -25,7 +26,7 @@ class OutboxMessageAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     need the "change" permission.
     """
 
-    list_display = ("id", "topic", "state", "attempts", "due", "created_at")
+    list_display = ("id", "topic", "state", "attempts", "due", "created")
     list_filter = ("state", "topic")
     search_fields = ("=dedup_key", "=topic")
     ordering = ("-id",)
@@ -38,8 +39,8 @@ class OutboxMessageAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         "payload",
         "attempts",
         "due",
-        "created_at",
-        "sent_at",
+        "created",
+        "sent",
         "record_link",
         "error",
     )
@@ -54,16 +55,46 @@ class OutboxMessageAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return obj is None and super().has_change_permission(request)
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
-        """The list, titled as a view: messages are read-only, the actions work in bulk."""
+        """The list, titled as a view: messages are read-only, the actions work in bulk.
+
+        Its times are judged at one "now" of the store's clock.
+        """
         title = gettext("Select %s to view") % self.opts.verbose_name
-        return super().changelist_view(request, {"title": title, **(extra_context or {})})
+        with admin_page(request, self.get_queryset(request).db):
+            response = super().changelist_view(request, {"title": title, **(extra_context or {})})
+            if hasattr(response, "render"):
+                response.render()
+        return response
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None
+    ) -> Any:
+        """A message's page, its times judged at one "now" of the store's clock."""
+        with admin_page(request, self.get_queryset(request).db):
+            response = super().change_view(request, object_id, form_url, extra_context)
+            if hasattr(response, "render"):
+                response.render()
+        return response
 
     @admin.display(description=_("available at"), ordering="available_at")
-    def due(self, obj: OutboxMessage) -> Any:
-        """When a pending or dead message is next due; "—" for a sent one (never again)."""
+    def due(self, obj: OutboxMessage) -> str:
+        """When a pending or dead message is next due; "—" for a sent one (never again).
+
+        To the second in UTC with how far it is: ``due in 30 s``, ``due 2 min ago``.
+        """
         if obj.state == OutboxState.SENT:
             return "—"
-        return obj.available_at
+        return when_text(obj.available_at, obj, "due {}")
+
+    @admin.display(description=_("created at"), ordering="created_at")
+    def created(self, obj: OutboxMessage) -> str:
+        """When the message was enqueued, to the second in UTC, and how long ago."""
+        return when_text(obj.created_at, obj)
+
+    @admin.display(description=_("sent at"))
+    def sent(self, obj: OutboxMessage) -> str:
+        """When the message was delivered, to the second in UTC ("-" if not yet)."""
+        return when_text(obj.sent_at, obj, "sent {}")
 
     @admin.display(description=_("idempotency record"))
     def record_link(self, obj: OutboxMessage) -> str:

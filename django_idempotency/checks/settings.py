@@ -237,11 +237,11 @@ def _sweeper_in_static_schedule() -> bool:
     return False
 
 
-def _no_sweeper(where: str) -> Warning:
+def _no_sweeper(where: str, looked: str = "") -> Warning:
     return Warning(
         f"No Celery beat schedule runs the retention sweeper ({SWEEP_TASK!r}) {where}: "
         "expired idempotency records and sent outbox messages will pile up.",
-        hint=f"Schedule the task {SWEEP_TASK!r} hourly with Celery beat, or run "
+        hint=f"{looked}Schedule the task {SWEEP_TASK!r} hourly with Celery beat, or run "
         "'manage.py idempotency_sweep' from cron (docs/retention.md). "
         + _silence_hint("django_idempotency.W004"),
         id="django_idempotency.W004",
@@ -264,6 +264,28 @@ def check_sweeper_scheduled(
     return [_no_sweeper("in CELERY_BEAT_SCHEDULE")]
 
 
+def _beat_databases(periodic_task: Any) -> tuple[list[str], str]:
+    """Where django-celery-beat's scheduler reads its ``PeriodicTask`` rows, and the words.
+
+    The database the routers send django_celery_beat's reads to (``db_for_read``, as
+    the scheduler's own queries are sent); every database when that is unclear (a
+    router fails without the hints of a request, or names an unknown alias).
+    """
+    from django.db import router
+
+    try:
+        alias = str(router.db_for_read(periodic_task))
+    except Exception:  # a router that needs a request's or a tenant's context
+        alias = ""
+    if alias in settings.DATABASES:
+        where = (
+            f"the {alias!r} database, where the database routers send django_celery_beat's reads"
+        )
+        return [alias], where
+    aliases = list(settings.DATABASES)
+    return aliases, "every database (" + ", ".join(map(repr, aliases)) + ")"
+
+
 @register(Tags.database, deploy=True)
 def check_sweeper_scheduled_in_database(
     app_configs: Sequence[AppConfig] | None = None,
@@ -273,9 +295,10 @@ def check_sweeper_scheduled_in_database(
     """W004 with ``django_celery_beat``: no enabled ``PeriodicTask`` runs the sweeper.
 
     Runs only when a command asks for database checks (``check --database default``,
-    ``migrate``).
+    ``migrate``); then looks where the scheduler reads its rows (:func:`_beat_databases`),
+    whichever database the command named, and says in the hint where it looked.
     """
-    if settings.DEBUG or "django_celery_beat" not in settings.INSTALLED_APPS:
+    if not databases or settings.DEBUG or "django_celery_beat" not in settings.INSTALLED_APPS:
         return []
     if _sweeper_in_static_schedule():
         return []
@@ -284,13 +307,23 @@ def check_sweeper_scheduled_in_database(
 
     app_label, model_name = "django_celery_beat", "PeriodicTask"  # optional: not typed here
     periodic_task = apps.get_model(app_label, model_name)
-    for alias in databases or ():
+    aliases, where = _beat_databases(periodic_task)
+    migrated = False
+    for alias in aliases:
         try:
             if periodic_task.objects.using(alias).filter(task=SWEEP_TASK, enabled=True).exists():
                 return []
-        except DatabaseError:  # not migrated yet: say nothing
-            return []
-    return [_no_sweeper("in CELERY_BEAT_SCHEDULE or django_celery_beat's periodic tasks")]
+        except DatabaseError:  # not migrated there (yet): nothing to judge on it
+            continue
+        migrated = True
+    if not migrated:
+        return []
+    return [
+        _no_sweeper(
+            "in CELERY_BEAT_SCHEDULE or django_celery_beat's periodic tasks",
+            f"Looked for an enabled periodic task in {where}. ",
+        )
+    ]
 
 
 @register()

@@ -13,6 +13,8 @@ same page with one new idempotency key (a UUID) per render, given to the page's 
 
 Submitting one rendered form twice (a double click, the browser's resubmission on
 reload) runs the view once and replays its response; a new render is a new operation.
+A replayed page says so at its top (:meth:`IdempotentBrowsableAPIRenderer.idempotency_mark_replay`):
+the reader sees that the view did not run again.
 Nothing is exempt: a request without the header or the field is still a 400, and an
 API client that asks for JSON is never read for the field. Usage (docs/usage.md)::
 
@@ -30,12 +32,19 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from django.http import HttpResponse
+from django.http.response import HttpResponseBase
 from django.utils.html import format_html
 from django.utils.safestring import SafeString, mark_safe
+from django.utils.translation import gettext
 from rest_framework.renderers import BrowsableAPIRenderer
 
 #: The hidden form field that carries a rendered form's idempotency key.
 KEY_FIELD = "_idempotency_key"
+
+#: Where a page of this renderer shows that it is a replay: the top of its content
+#: (``django_idempotency/browsable_api.html``). Replaced by the notice in a replay.
+REPLAY_MARKER = b"<!-- django-idempotency: replay notice -->"
 
 #: The forms of the page that a browser submits as HTML forms (the others are
 #: submitted with JavaScript, which sends the key as the header).
@@ -76,7 +85,43 @@ class IdempotentBrowsableAPIRenderer(BrowsableAPIRenderer):
             if isinstance(form, str):
                 context[name] = _with_key(form, key)
         context["idempotency_key"] = key
+        context["idempotency_replay_marker"] = mark_safe(REPLAY_MARKER.decode())
         return context
+
+    def idempotency_mark_replay(self, response: HttpResponseBase) -> HttpResponseBase:
+        """A replay of a page this renderer rendered, with a notice that it is one.
+
+        Called by the protocol (``handle.REPLAY_MARK_ATTRIBUTE``) for each replay answered
+        to a request that negotiated this renderer. The stored page is sent as stored
+        but for :data:`REPLAY_MARKER`, replaced by the notice; any other stored body (a
+        JSON response of an API client's first request, a streamed one) is sent as is.
+
+        Args:
+            response: the replay, as the protocol built it (``Idempotent-Replayed``).
+
+        Returns:
+            ``response``, its body and ``Content-Length`` changed where it is such a page.
+        """
+        if not isinstance(response, HttpResponse):  # a streamed body is sent as stored
+            return response
+        body = response.content
+        if REPLAY_MARKER not in body:
+            return response
+        notice = format_html(
+            '<div class="alert alert-info" role="status" id="idempotency-replayed">'
+            "<strong>{}</strong> {}</div>",
+            gettext("Replayed."),
+            gettext(
+                "This request's idempotency key was used before: this page is the stored "
+                "response of that first request (Idempotent-Replayed: true), and the view "
+                "did not run again."
+            ),
+        )
+        charset = response.charset or "utf-8"
+        response.content = body.replace(REPLAY_MARKER, notice.encode(charset), 1)
+        if response.has_header("Content-Length"):
+            response["Content-Length"] = str(len(response.content))
+        return response
 
 
 def _with_key(form: str, key: str) -> SafeString:

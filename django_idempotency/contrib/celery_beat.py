@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.apps import apps as global_apps
+from django.db import router
 from django.utils import timezone
 
 from django_idempotency.outbox.kick import RELAY_TASK
@@ -83,17 +84,22 @@ def add_periodic_tasks(
 
     A row whose name exists is left exactly as it is (an operator may have changed its
     interval, arguments or disabled it); a missing one is created enabled, with an
-    ``IntervalSchedule`` of ``every`` seconds (shared with any row of the same interval).
+    ``IntervalSchedule`` of ``every`` seconds (shared with any row of the same interval;
+    the oldest of several equal ones, which nothing in django-celery-beat prevents).
 
     Args:
         apps: a migration's app registry (``RunPython`` passes it); ``None``: the
             project's own models.
-        schema_editor: the migration's schema editor (unused; ``RunPython`` passes it).
-            Its connection's alias is the database written, when given.
+        schema_editor: the migration's schema editor (``RunPython`` passes it): the
+            rows are written on the database the migration runs on, and nothing is
+            written where the database routers do not allow django_celery_beat's
+            tables (``allow_migrate``). ``None``: on the database the routers choose
+            for django_celery_beat's writes.
         tasks: what to create; by default :data:`DEFAULT_TASKS`.
 
     Returns:
-        The names of the rows created (empty when every one existed).
+        The names of the rows created (empty when every one existed, or the
+        migration's database holds no django_celery_beat tables).
 
     Raises:
         LookupError: ``django_celery_beat`` is not in ``INSTALLED_APPS`` (or, in a
@@ -102,14 +108,19 @@ def add_periodic_tasks(
     registry = apps or global_apps
     interval_model = registry.get_model("django_celery_beat", "IntervalSchedule")
     task_model = registry.get_model("django_celery_beat", "PeriodicTask")
-    using = schema_editor.connection.alias if schema_editor is not None else "default"
+    using = _database(task_model, schema_editor)
+    if using is None:
+        return []
     created: list[str] = []
     for spec in tasks:
         if task_model._default_manager.using(using).filter(name=spec.name).exists():
             continue
-        interval, _new = interval_model._default_manager.using(using).get_or_create(
-            every=spec.every, period="seconds"
-        )
+        # No unique constraint keeps two equal schedules apart (the admin can make a
+        # second one): the oldest is shared, as django-celery-beat's own lookups do.
+        schedules = interval_model._default_manager.using(using)
+        interval = schedules.filter(every=spec.every, period="seconds").order_by("pk").first()
+        if interval is None:
+            interval = schedules.create(every=spec.every, period="seconds")
         task_model._default_manager.using(using).create(
             name=spec.name,
             task=spec.task,
@@ -135,7 +146,8 @@ def remove_periodic_tasks(
 
     Args:
         apps: a migration's app registry; ``None``: the project's own models.
-        schema_editor: the migration's schema editor (its connection's alias is used).
+        schema_editor: the migration's schema editor; its database is the one written,
+            as for :func:`add_periodic_tasks`.
         tasks: whose rows to delete; by default :data:`DEFAULT_TASKS`.
 
     Returns:
@@ -147,12 +159,27 @@ def remove_periodic_tasks(
     """
     registry = apps or global_apps
     task_model = registry.get_model("django_celery_beat", "PeriodicTask")
-    using = schema_editor.connection.alias if schema_editor is not None else "default"
+    using = _database(task_model, schema_editor)
+    if using is None:
+        return 0
     names = [spec.name for spec in tasks]
     deleted = task_model._default_manager.using(using).filter(name__in=names).delete()[0]
     if deleted:
         _mark_changed(registry, using)
     return int(deleted)
+
+
+def _database(task_model: Any, schema_editor: Any) -> str | None:
+    """The database whose ``PeriodicTask`` rows are written; ``None``: none here.
+
+    In a migration, the database it runs on, unless the database routers keep
+    django_celery_beat's tables off it (``allow_migrate``: they do not exist there);
+    outside one, where the routers send django_celery_beat's writes.
+    """
+    if schema_editor is None:
+        return str(router.db_for_write(task_model))
+    alias = str(schema_editor.connection.alias)
+    return alias if router.allow_migrate_model(alias, task_model) else None
 
 
 def _mark_changed(registry: Any, using: str) -> None:

@@ -139,9 +139,10 @@ def _lease_lost(claim: store.Claim) -> HttpResponseBase:
     signals.fenced.send(claim.scope.endpoint, **_kw(claim))
     return problems.problem_response(
         problems.LEASE_LOST,
-        "This request ran longer than its lease and another attempt with the same "
-        "key took over; its changes were rolled back. Retry with the same key to "
-        "get the result of the attempt that completed.",
+        "This request's lease ended before it completed (it ran longer than its "
+        "lease, or an operator ended the lease) and another attempt with the same key "
+        "took over; its changes were rolled back. Retry with the same key to get the "
+        "result of the attempt that completed.",
         retry_after=conf.retry_after,
     )
 

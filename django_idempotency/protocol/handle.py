@@ -20,11 +20,16 @@ from django_idempotency.protocol.begin import begin
 from django_idempotency.protocol.context import UnprotectedContext
 from django_idempotency.protocol.decisions import Bypass, CannotRun, Nested, Proceed, Respond
 from django_idempotency.protocol.options import Options
+from django_idempotency.protocol.responses import REPLAYED_HEADER
 from django_idempotency.store import presence
 
 #: Attribute of a DRF request holding the ``NotAcceptable`` that replay-aware content
 #: negotiation deferred (``drf.ReplayNegotiationMixin``): raised if the view must run.
 NOT_ACCEPTABLE = "_idempotency_not_acceptable"
+#: Attribute of a DRF renderer: a function given each replay answered to a request that
+#: negotiated that renderer, returning the response to send (``contrib.browsable``
+#: marks a page it rendered as a replay, for the person reading it).
+REPLAY_MARK_ATTRIBUTE = "idempotency_mark_replay"
 
 
 class AllDatabases(set[str]):
@@ -127,7 +132,7 @@ def _run(
     not_acceptable = getattr(request, NOT_ACCEPTABLE, None)
     decision = begin(request, options, view_name=view_name, may_run=not_acceptable is None)
     if isinstance(decision, Respond):
-        return decision.response
+        return _marked(request, decision.response)
     if not_acceptable is not None and isinstance(decision, (CannotRun, Bypass, Nested)):
         raise not_acceptable  # the view would have to run: DRF's 406
     if isinstance(decision, Nested):
@@ -151,3 +156,13 @@ def _run(
             return execute.execute(decision, request, call, finalize)
     finally:  # also when a block could not be opened and the view never ran
         presence.ensure_released(decision.claim)
+
+
+def _marked(request: Any, response: HttpResponseBase) -> HttpResponseBase:
+    """``response``, a replay marked by the negotiated renderer if it marks replays."""
+    renderer = getattr(request, "accepted_renderer", None)
+    mark = getattr(renderer, REPLAY_MARK_ATTRIBUTE, None)
+    if mark is None or response.get(REPLAYED_HEADER) != "true":
+        return response
+    marked: HttpResponseBase = mark(response)
+    return marked

@@ -1,6 +1,7 @@
 """What operators and the replay path do to records besides the protocol itself.
 
-* :func:`end_leases` and :func:`forget_responses`: the admin's actions (docs/admin.md);
+* :func:`end_leases` and :func:`forget_responses`: the admin's actions (docs/admin.md),
+  and :func:`with_live_lease`, the records the first would change;
 * :func:`peek`: what a claim would collide with, without claiming, for a request that
   may not run the view (DRF found no renderer for its ``Accept``) but may be answered
   from the record (docs/protocol.md);
@@ -76,14 +77,22 @@ def end_leases(record_ids: list[int], *, using: str | None = None) -> int:
     """
     using = using or record_database()
     return int(
-        IdempotencyRecord.objects.using(using)
-        .filter(
-            pk__in=list(record_ids),
-            state=RecordState.CLAIMED,
-            lease_until__gt=now_value(using),
-        )
-        .update(lease_until=F("created_at"))
+        with_live_lease(
+            IdempotencyRecord.objects.using(using).filter(pk__in=list(record_ids))
+        ).update(lease_until=F("created_at"))
     )
+
+
+def with_live_lease(queryset: QuerySet[Any]) -> QuerySet[Any]:
+    """The records of ``queryset`` whose lease :func:`end_leases` would end now.
+
+    Claimed, with a lease that has not run out nor been ended, by the store's clock;
+    what the admin's confirmation and ``idempotency_records --end-lease`` list.
+    """
+    live: QuerySet[Any] = queryset.filter(
+        state=RecordState.CLAIMED, lease_until__gt=now_value(queryset.db)
+    )
+    return live
 
 
 def forget_responses(record_ids: list[int], *, using: str | None = None) -> int:

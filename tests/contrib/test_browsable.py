@@ -19,7 +19,7 @@ import pytest
 from django.test import Client
 from rest_framework.test import APIClient
 
-from django_idempotency.contrib.browsable import KEY_FIELD
+from django_idempotency.contrib.browsable import KEY_FIELD, REPLAY_MARKER
 from django_idempotency.models import IdempotencyRecord
 from tests.support.factories import UserFactory
 from tests.support.testapp.models import Widget
@@ -89,6 +89,21 @@ class Page(HTMLParser):
         return form
 
 
+#: The start of the notice a replayed page shows.
+NOTICE = '<div class="alert alert-info" role="status" id="idempotency-replayed">'
+
+
+def as_first_sent(replay: Any) -> bytes:
+    """The replayed page without its notice: the page as the first request got it."""
+    return re.sub(
+        rb'<div class="alert alert-info" role="status" id="idempotency-replayed">.*?</div>',
+        REPLAY_MARKER,
+        replay.content,
+        count=1,
+        flags=re.S,
+    )
+
+
 def browser() -> Client:
     client = Client(enforce_csrf_checks=True)
     client.force_login(UserFactory())
@@ -120,9 +135,33 @@ def test_the_html_form_submitted_twice_runs_once_and_is_replayed(url: str):
     assert "Idempotent-Replayed" not in first
     again = submit_html_form(client, form, name="gadget", size="2")  # a resubmission
     assert again.status_code == 201 and again["Idempotent-Replayed"] == "true"
-    assert again.content == first.content
+    assert NOTICE not in first.content.decode() and NOTICE in again.content.decode()
+    assert as_first_sent(again) == first.content  # the stored page, marked
     assert list(Widget.objects.values_list("name", flat=True)) == ["gadget"]
     assert IdempotencyRecord.objects.get().key == form["fields"][KEY_FIELD]
+
+
+def test_a_replayed_page_says_it_is_a_replay_and_an_api_client_gets_the_stored_bytes():
+    """The person reading the page sees that the view did not run again; the page's
+    ``Content-Length`` counts the notice. A JSON client that retries the key of a
+    JSON first request gets the stored bytes, unmarked."""
+    client = browser()
+    form = open_page(client, "/browse/widgets").html_form()
+    submit_html_form(client, form, name="gadget", size="2")
+    again = submit_html_form(client, form, name="gadget", size="2")
+    html = again.content.decode()
+    assert "Replayed." in html and "the view did not run again" in html
+    assert html.index(NOTICE) < html.index("gadget")  # at the top of the content
+    assert int(again["Content-Length"]) == len(again.content)
+
+    api = APIClient()
+    api.force_authenticate(UserFactory())
+    key = "5a1e3a52-3c9e-4e0f-8a55-0b3c5b9c2d11"
+    first = api.post("/browse/widgets", {"name": "api", "size": 1}, format="json",
+                     HTTP_IDEMPOTENCY_KEY=key)  # fmt: skip
+    retry = api.post("/browse/widgets", {"name": "api", "size": 1}, format="json",
+                     HTTP_IDEMPOTENCY_KEY=key)  # fmt: skip
+    assert retry["Idempotent-Replayed"] == "true" and retry.content == first.content
 
 
 def test_each_render_is_a_new_operation():
@@ -165,7 +204,7 @@ def test_the_raw_data_form_as_ajax_form_js_sends_it_runs_once():
 
     first, again = send(), send()
     assert first.status_code == 201 and again["Idempotent-Replayed"] == "true"
-    assert again.content == first.content
+    assert NOTICE in again.content.decode() and as_first_sent(again) == first.content
     assert Widget.objects.get().name == "raw"
 
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
 from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 
@@ -20,7 +20,7 @@ pytest.importorskip(
     "adds it where it can)",
 )
 
-from django_celery_beat.models import PeriodicTask, PeriodicTasks
+from django_celery_beat.models import IntervalSchedule, PeriodicTask, PeriodicTasks
 from django_celery_beat.schedulers import DatabaseScheduler
 
 from django_idempotency import outbox, store, tasks
@@ -174,3 +174,91 @@ def test_w004_looks_for_the_sweeper_among_the_periodic_tasks():
         assert check_sweeper_scheduled_in_database(databases=["default"]) == []
         PeriodicTask.objects.filter(task=SWEEP_TASK).update(enabled=False)
         assert len(check_sweeper_scheduled_in_database(databases=["default"])) == 1
+
+
+class BeatOnShard:
+    """A project's router: django_celery_beat's rows live on the ``shard`` database."""
+
+    def db_for_read(self, model: Any, **hints: Any) -> str | None:
+        return "shard" if model._meta.app_label == "django_celery_beat" else None
+
+    db_for_write = db_for_read
+
+
+class NeedsARequest:
+    """A router that cannot answer without a request's context (a tenant's, say)."""
+
+    def db_for_read(self, model: Any, **hints: Any) -> str | None:
+        raise LookupError("no tenant is active")
+
+
+@pytest.mark.django_db(databases=["default", "shard"])
+def test_w004_looks_where_the_routers_send_django_celery_beats_reads(settings):
+    """The sweeper's row on the database the routers send django_celery_beat's reads to
+    satisfies W004 whichever database ``check --database`` names; when it is missing
+    there, the hint says where W004 looked."""
+    from django_idempotency.checks.settings import check_sweeper_scheduled_in_database
+
+    settings.DEBUG, settings.CELERY_BEAT_SCHEDULE = False, {}
+    settings.DATABASE_ROUTERS = [BeatOnShard()]
+    assert add_periodic_tasks() == [RELAY, SWEEP]  # written where the routers say
+    assert PeriodicTask.objects.using("shard").filter(task=SWEEP_TASK).exists()
+    assert not PeriodicTask.objects.using("default").exists()
+    assert check_sweeper_scheduled_in_database(databases=["default"]) == []
+    PeriodicTask.objects.using("shard").filter(task=SWEEP_TASK).update(enabled=False)
+    (missing,) = check_sweeper_scheduled_in_database(databases=["default"])
+    assert missing.id == "django_idempotency.W004"
+    assert "in the 'shard' database, where the database routers send" in missing.hint
+
+
+@pytest.mark.django_db(databases="__all__")
+def test_w004_looks_in_every_database_when_the_routers_cannot_say(settings):
+    from django_idempotency.checks.settings import check_sweeper_scheduled_in_database
+
+    settings.DEBUG, settings.CELERY_BEAT_SCHEDULE = False, {}
+    settings.DATABASE_ROUTERS = [NeedsARequest()]
+    (missing,) = check_sweeper_scheduled_in_database(databases=["default"])
+    assert "in every database ('default', " in missing.hint and "'shard'" in missing.hint
+    on_shard = types.SimpleNamespace(connection=connections["shard"])
+    add_periodic_tasks(MigrationExecutor(connection).loader.project_state().apps, on_shard)
+    assert check_sweeper_scheduled_in_database(databases=["default"]) == []
+
+
+@pytest.mark.django_db(databases=["default", "shard"])
+def test_a_data_migration_run_on_another_database_writes_there():
+    historical = MigrationExecutor(connection).loader.project_state().apps
+    on_shard = types.SimpleNamespace(connection=connections["shard"])
+    assert add_periodic_tasks(historical, on_shard) == [RELAY, SWEEP]
+    assert set(PeriodicTask.objects.using("shard").values_list("name", flat=True)) == {RELAY, SWEEP}
+    assert not PeriodicTask.objects.using("default").exists()
+    assert remove_periodic_tasks(historical, on_shard) == 2
+
+
+@pytest.mark.django_db
+def test_a_data_migration_skips_a_database_without_django_celery_beats_tables(settings):
+    """``RunPython`` runs on every database ``migrate`` is run on; where the routers keep
+    django_celery_beat away, its tables do not exist and nothing is written."""
+
+    class BeatElsewhere:
+        def allow_migrate(self, db: str, app_label: str, **hints: Any) -> bool | None:
+            return db != "default" if app_label == "django_celery_beat" else None
+
+    settings.DATABASE_ROUTERS = [BeatElsewhere()]
+    historical = MigrationExecutor(connection).loader.project_state().apps
+    editor = types.SimpleNamespace(connection=connection)
+    assert add_periodic_tasks(historical, editor) == []
+    assert remove_periodic_tasks(historical, editor) == 0
+    assert not PeriodicTask.objects.exists()
+
+
+@pytest.mark.django_db
+def test_equal_interval_schedules_do_not_fail_the_data_migration():
+    """django-celery-beat has no unique constraint on an interval (the admin makes a
+    second equal one): the tasks share the oldest."""
+    historical = MigrationExecutor(connection).loader.project_state().apps
+    editor = types.SimpleNamespace(connection=connection)
+    oldest = IntervalSchedule.objects.create(every=3600, period=IntervalSchedule.SECONDS)
+    IntervalSchedule.objects.create(every=3600, period=IntervalSchedule.SECONDS)
+    assert add_periodic_tasks(historical, editor) == [RELAY, SWEEP]
+    assert PeriodicTask.objects.get(name=SWEEP).interval_id == oldest.pk
+    assert IntervalSchedule.objects.filter(every=3600).count() == 2

@@ -1486,8 +1486,8 @@ MUTANTS: list[Mutant] = [
     m(
         "CL10",
         "store/operators.py",
-        '        .update(lease_until=F("created_at"))\n',
-        "        .update(lease_until=now_value(using))\n",
+        '        ).update(lease_until=F("created_at"))\n',
+        "        ).update(lease_until=now_value(using))\n",
         tests=(
             "tests/test_logging.py::"
             "test_a_takeover_says_whether_the_lease_expired_or_an_operator_ended_it",
@@ -2307,6 +2307,74 @@ MUTANTS: list[Mutant] = [
         ),
         backends=(SQLITE,),
         what="the relay command leaves its SIGTERM handler installed after it returns",
+    # Operators' tools and the guards around them
+    m(
+        "OP1",
+        "management/commands/idempotency_records.py",
+        "        ids = [record.pk for record in found]  # only those printed (--limit)\n",
+        "        ids = list(records.values_list('pk', flat=True))\n",
+        tests=(
+            "tests/test_operator_command.py::"
+            "test_end_lease_and_forget_act_only_on_the_records_printed_by_limit",
+        ),
+        what="idempotency_records --limit N --end-lease ends every match, not the N printed",
+    ),
+    m(
+        "OP2",
+        "protocol/decide.py",
+        "        if result.owner_pid is not None and presence.can_wait(using):\n",
+        "        if presence.can_wait(using):\n",
+        tests=(
+            "tests/protocol/test_bounded_wait.py::"
+            "test_a_duplicate_waiting_on_an_owner_without_presence_pauses_between_claims",
+        ),
+        backends=(PG,),
+        what="a duplicate waiting on an owner without a presence lock claims in a busy loop",
+    ),
+    m(
+        "OP3",
+        "protocol/decide.py",
+        "        time.sleep(min(delay, remaining))  # bounded in-flight wait (opt-in per view)\n",
+        "",
+        tests=(
+            "tests/protocol/test_bounded_wait.py::"
+            "test_a_duplicate_waiting_on_an_owner_without_presence_pauses_between_claims",
+        ),
+        what="a duplicate that cannot wait on a presence lock claims in a busy loop",
+    ),
+    m(
+        "OP4",
+        "contrib/celery_beat.py",
+        "    alias = str(schema_editor.connection.alias)\n",
+        '    alias = "default"\n',
+        tests=(
+            "tests/contrib/test_celery_beat.py::"
+            "test_a_data_migration_run_on_another_database_writes_there",
+        ),
+        what="add_periodic_tasks in a migration on another database writes on 'default'",
+    ),
+    m(
+        "OP5",
+        "store/settle.py",
+        "    if connection.queries_logged:\n        return connection.make_debug_cursor(raw)\n",
+        "",
+        tests=(
+            "tests/store/test_large_body_completion.py::"
+            "test_a_large_completion_appears_in_djangos_query_log",
+        ),
+        backends=(PG,),
+        what="a large-body completion is missing from Django's query log",
+    ),
+    m(
+        "OP6",
+        "store/presence.py",
+        "            if _gone(raw):\n                del _held[token]\n            elif",
+        "            if False:\n                pass\n            elif",
+        tests=(
+            "tests/store/test_presence.py::test_the_presence_of_a_closed_connection_is_forgotten",
+        ),
+        backends=(PG,),
+        what="the presence of claims whose connection closed is kept for ever",
     ),
 ]
 

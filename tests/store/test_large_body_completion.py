@@ -15,6 +15,7 @@ import uuid
 import pytest
 from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 
 from django_idempotency import exceptions, store, transactions
 from django_idempotency.models import IdempotencyRecord
@@ -117,3 +118,16 @@ def test_large_completions_leave_no_prepared_statement(record_table):
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM pg_prepared_statements")
         assert cursor.fetchone()[0] == 0
+
+
+@pytest.mark.pooled
+def test_a_large_completion_appears_in_djangos_query_log(record_table):
+    """Django logs every query with ``DEBUG`` (and ``assertNumQueries``,
+    ``CaptureQueriesContext``): the completion of a body bound on the server is one."""
+    won = claim()
+    with CaptureQueriesContext(connection) as log, transactions.atomic("default"):
+        store.complete(won, BIG)
+    completions = [
+        q["sql"] for q in log.captured_queries if "django_idempotency_complete(" in q["sql"]
+    ]
+    assert len(completions) == 1

@@ -551,6 +551,23 @@ def test_an_entry_point_leaves_claims_it_did_not_make_alone():
 
 
 @pg_only
+@pytest.mark.django_db(transaction=True)
+def test_the_presence_of_a_closed_connection_is_forgotten():
+    """A claim made with the store's functions outside any entry point, whose
+    connection then closed: its session, and the lock, are gone, and the end of the
+    next request forgets the claim's presence too, so a long-lived process keeps no
+    note of locks no session holds (one per connection lost mid-claim, for ever)."""
+    if not _direct():
+        pytest.skip("behind a pooler claims take no presence lock")
+    held = _claim(_scope())
+    assert isinstance(held, store.Claim) and held.present and presence.holds(held)
+    connection.close()
+    token = TokenFactory(user__username="after-a-close").key
+    assert _post(token, "/widgets", str(uuid.uuid4()), {"name": "y"}).status_code == 201
+    assert not presence.holds(held)
+
+
+@pg_only
 def test_a_presence_takeover_is_logged_as_one(record_table, owners, caplog):
     """The ``taken_over`` line of a takeover by owner presence says so (``cause`` =
     ``presence``: the earlier owner's database session ended while its lease was live),

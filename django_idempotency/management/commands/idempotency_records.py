@@ -37,9 +37,9 @@ class Command(BaseCommand):
         "Look up idempotency records by principal, endpoint, key or key hash (the "
         "key_hash of the log lines) and print each with its condition (in flight, "
         "abandoned, completed), its times and its stored response's size; the body "
-        "only with --body. --end-lease ends the live leases of the matching claimed "
-        "records (the next retry takes each over); --forget-response deletes the "
-        "matching completed records (the next request with each key runs the view "
+        "only with --body. --end-lease ends the live leases of the claimed records "
+        "printed (the next retry takes each over); --forget-response deletes the "
+        "completed records printed (the next request with each key runs the view "
         "again, a second time). Both act at once, as the admin's actions do once "
         "confirmed, and need at least one of --principal, --endpoint, --path, --key, "
         "--key-hash."
@@ -66,7 +66,11 @@ class Command(BaseCommand):
             help="Database alias (default: the router's choice for writing records).",
         )
         parser.add_argument(
-            "--limit", type=int, default=50, help="Print at most this many, newest first."
+            "--limit",
+            type=int,
+            default=50,
+            help="Print at most this many, newest first; --end-lease and --forget-response "
+            "act on those printed only.",
         )
         parser.add_argument(
             "--body", action="store_true", help="Print each stored body as a replay sends it."
@@ -75,12 +79,12 @@ class Command(BaseCommand):
         action.add_argument(
             "--end-lease",
             action="store_true",
-            help="End the live leases of the matching claimed records now.",
+            help="End the live leases of the claimed records printed, now.",
         )
         action.add_argument(
             "--forget-response",
             action="store_true",
-            help="Delete the matching completed records: their keys run the view again.",
+            help="Delete the completed records printed: their keys run the view again.",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:  # noqa: D102
@@ -103,21 +107,26 @@ class Command(BaseCommand):
         self.stdout.write(f"{shown} record{'s' if shown != 1 else ''} found.")
         if not acting or not found:
             return
-        ids = [record.pk for record in found]
+        ids = [record.pk for record in found]  # only those printed (--limit)
         if options["end_lease"]:
             count = operators.end_leases(ids, using=using)
-            self.stdout.write(
-                f"Ended {count} lease{'s' if count != 1 else ''}: the next retry with "
-                "each key takes it over."
+            done = (
+                f"Ended {count} lease{'s' if count != 1 else ''}: the next retry with each "
+                "key takes it over."
             )
+            none = "No lease was ended: none of the records found has a live lease."
+            why = "no live lease (completed, or the lease has run out or was ended already)"
         else:
             count = operators.forget_responses(ids, using=using)
-            self.stdout.write(
+            done = (
                 f"Forgot {count} stored response{'s' if count != 1 else ''}: the next "
                 "request with each key runs the view again."
             )
+            none = "No stored response was forgotten: none of the records found is completed."
+            why = "not completed (a claim's lease can be ended instead)"
+        self.stdout.write(done if count else none)
         if shown - count:
-            self.stdout.write(f"Left alone {shown - count}: not applicable to their condition.")
+            self.stdout.write(f"Left alone {shown - count}: {why}.")
 
     def _matching(self, using: str, options: dict[str, Any]) -> QuerySet[Any]:
         """The records the options select, annotated for their condition.
