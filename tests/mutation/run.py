@@ -2307,6 +2307,7 @@ MUTANTS: list[Mutant] = [
         ),
         backends=(SQLITE,),
         what="the relay command leaves its SIGTERM handler installed after it returns",
+    ),
     # Operators' tools and the guards around them
     m(
         "OP1",
