@@ -2073,6 +2073,17 @@ def enter_schema(""",
         backends=(PG,),
         what="the test kit's threads run in public, not in the test's tenant",
     ),
+    m(
+        "TN9",
+        "outbox/relay.py",
+        "schema if schema is not None else current_schema(connections[self.using])",
+        "schema",
+        tests=(
+            f"{_TENANTS}[test_a_relay_run_from_a_tenant_delivers_there_with_its_threads-tenant]",
+        ),
+        backends=(PG,),
+        what="a relay run from a tenant starts its handlers' threads and marks' writer in public",
+    ),
 ]
 
 

@@ -22,13 +22,14 @@ from django.db import connection, connections
 from django_tenants.utils import schema_context
 
 from django_idempotency import retention, tasks
-from django_idempotency.models import IdempotencyRecord, OutboxMessage
+from django_idempotency.models import IdempotencyRecord, OutboxMessage, OutboxState
+from django_idempotency.outbox import relay
 from django_idempotency.store import tenants
 from django_idempotency.testing.threads import run_together
 from tests.tenants.customers.models import Client as Tenant
 from tests.tenants.plugin import BOTH, SCHEMAS, TENANTS
 from tests.tenants.scenarios import _assert_delivered_in_place, order
-from tests.tenants.shop.models import Order
+from tests.tenants.shop.models import Delivery, Order
 
 _TABLES = (IdempotencyRecord._meta.db_table, OutboxMessage._meta.db_table)
 
@@ -183,3 +184,20 @@ def test_sweeps_of_two_tenant_schemas_never_skip_each_other() -> None:
     assert not beta.skipped  # another schema's sweep does not hold beta's lock
     assert alpha_again.skipped  # alpha's own lock is held by its running sweep
     assert [report.skipped for report in swept] == [False]
+
+
+def test_a_relay_run_from_a_tenant_delivers_there_with_its_threads(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    for n in range(4):
+        assert order("beta", str(uuid.uuid4()), item=f"threads-{n}").status_code == 201
+
+    with caplog.at_level(logging.WARNING, logger="django_idempotency"), schema_context("beta"):
+        assert relay.deliver_due(threads=3) >= 4  # your own code's relay, in beta
+
+    with schema_context("beta"):
+        assert not OutboxMessage.objects.exclude(state=OutboxState.SENT).exists()
+        delivered = sorted(Delivery.objects.values_list("order", flat=True))
+        assert delivered == sorted(Order.objects.values_list("pk", flat=True))
+    # The pool's threads and the marks' writer worked in beta: nothing failed on the way.
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
