@@ -140,16 +140,20 @@ def test_a_worker_is_back_in_its_tenant_after_sweeps_and_relay_passes() -> None:
     marker = str(uuid.uuid4())
 
     with schema_context("beta"):
-        Order.objects.create(item=marker)
-        for run in (
-            tasks.sweep,
-            tasks.relay_outbox,
-            lambda: call_command("idempotency_sweep", stdout=io.StringIO()),
-            lambda: call_command("idempotency_relay", "--once", stdout=io.StringIO()),
-        ):
-            run()
-            # The worker's next task reads beta's tables, not the last schema's.
-            assert Order.objects.filter(item=marker).exists()
+        mine = Order.objects.create(item=marker)  # no message: deleted again below
+        try:
+            for run in (
+                tasks.sweep,
+                tasks.relay_outbox,
+                lambda: call_command("idempotency_sweep", stdout=io.StringIO()),
+                lambda: call_command("idempotency_relay", "--once", stdout=io.StringIO()),
+            ):
+                run()
+                # The worker's next task reads beta's tables, not the last schema's.
+                assert Order.objects.filter(item=marker).exists()
+        finally:
+            with schema_context("beta"):
+                mine.delete()
 
 
 def test_sweeps_of_two_tenant_schemas_never_skip_each_other() -> None:
