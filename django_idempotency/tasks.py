@@ -17,7 +17,8 @@ not retry themselves: the beat already does, and a task retrying beside it would
 twice as often during an outage. Celery's soft time limit stops the relay task like
 any other stop (``relay.Relay``): the delivered messages are marked, the rest handed
 back. On a schema-per-tenant database (django-tenants) one run of either task covers
-every schema that holds the record table, one after the other (docs/tenants.md).
+every tenant schema that holds the record table, one after the other; a tenant
+deleted while the run reaches it is skipped (docs/tenants.md).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import logging
 
 from celery import shared_task  # type: ignore[import-untyped]
 from celery.exceptions import SoftTimeLimitExceeded  # type: ignore[import-untyped]
+from django.db import DatabaseError
 
 from django_idempotency import retention
 from django_idempotency.management import jobs
@@ -70,14 +72,18 @@ def relay_outbox(
         outage = jobs.for_job("outbox relay task", alias, logger, then=_then)
         try:
             for _alias, schema in tenants.targets((alias,)):
-                total += relay.deliver_due(
-                    batch_size=batch_size,
-                    using=alias,
-                    max_batches=max_batches,
-                    threads=threads,
-                    stop_on=(SoftTimeLimitExceeded,),
-                    schema=schema,
-                )
+                try:
+                    total += relay.deliver_due(
+                        batch_size=batch_size,
+                        using=alias,
+                        max_batches=max_batches,
+                        threads=threads,
+                        stop_on=(SoftTimeLimitExceeded,),
+                        schema=schema,
+                    )
+                except DatabaseError as exc:  # a tenant deleted meanwhile is skipped
+                    if not tenants.dropped_during(alias, schema, exc, "outbox relay task"):
+                        raise
         except jobs.UNAVAILABLE as exc:
             outage.failed(exc)
             continue

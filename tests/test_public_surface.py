@@ -174,7 +174,7 @@ PROBLEM_SLUGS = frozenset(
     {
         "body-too-large", "invalid-key", "invalid-signature", "key-reused", "lease-lost",
         "missing-key", "no-principal", "request-in-flight", "response-too-large-to-replay",
-        "store-unavailable", "unreadable-body",
+        "store-not-set-up", "store-unavailable", "unreadable-body",
     }
 )  # fmt: skip
 

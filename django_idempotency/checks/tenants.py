@@ -69,15 +69,36 @@ def check_tenant_layout(
     return []
 
 
+def _public_urlconf() -> tuple[str, str] | None:
+    """The URLconf django-tenants serves on the public schema, and where it comes from.
+
+    ``PUBLIC_SCHEMA_URLCONF`` when set; otherwise the public site is served from
+    ``ROOT_URLCONF``, like every tenant's.
+    """
+    urlconf = getattr(settings, "PUBLIC_SCHEMA_URLCONF", None)
+    if urlconf:
+        return str(urlconf), "PUBLIC_SCHEMA_URLCONF"
+    root = getattr(settings, "ROOT_URLCONF", None)
+    if root:
+        return str(root), "ROOT_URLCONF (no PUBLIC_SCHEMA_URLCONF is set)"
+    return None
+
+
 @register(Tags.urls)
 def check_public_urlconf(
     app_configs: Sequence[AppConfig] | None = None, **kwargs: Any
 ) -> list[CheckMessage]:
-    """E012: idempotent views in ``PUBLIC_SCHEMA_URLCONF`` while public has no record table."""
+    """E012: idempotent views served on the public schema while it has no record table.
+
+    The public schema serves ``PUBLIC_SCHEMA_URLCONF``, or ``ROOT_URLCONF`` when that
+    is not set; with the app in ``TENANT_APPS`` only, a keyed request there finds no
+    table and is refused (500 ``store-not-set-up``).
+    """
     lists = _lists()
-    urlconf = getattr(settings, "PUBLIC_SCHEMA_URLCONF", None)
-    if lists is None or not urlconf or _has_app(lists[0]):
+    public = _public_urlconf()
+    if lists is None or public is None or _has_app(lists[0]):
         return []
+    urlconf, source = public
     views = sorted(
         {
             f"{obj.__module__}.{getattr(obj, '__qualname__', obj)}"
@@ -88,11 +109,12 @@ def check_public_urlconf(
         return []
     return [
         Error(
-            f"Idempotent views in PUBLIC_SCHEMA_URLCONF ({', '.join(views)}) run in the "
-            "public schema, which has no idempotency tables: django_idempotency is not in "
-            "SHARED_APPS.",
-            hint="Add 'django_idempotency' to SHARED_APPS as well (public then keeps its "
-            f"own records), or serve these views from tenant schemas only ({_DOCS}).",
+            f"Idempotent views of {source} ({', '.join(views)}) are served on the public "
+            "schema, which has no idempotency tables: django_idempotency is not in "
+            "SHARED_APPS, so every keyed request to the public site is refused.",
+            hint="Set PUBLIC_SCHEMA_URLCONF to a URLconf without idempotent views (the "
+            "public site's own), or add 'django_idempotency' to SHARED_APPS as well "
+            f"(public then keeps its own records) ({_DOCS}).",
             id="django_idempotency.E012",
         )
     ]

@@ -5,12 +5,12 @@ Built on httpx (HTTP) and stamina (the retry loop); install them with the extra:
     pip install "django-idempotency[client]"
 
 One *logical operation* gets one key, minted before its first attempt and sent on
-every retry. The client retries network errors, 5xx answers (but 501 and 505) and the
-409s that mean "retry me" (problem types ``request-in-flight`` and ``lease-lost``),
-with exponential backoff and full jitter, never sooner than ``Retry-After``. It never
-retries any other 4xx (422 above all: the key was reused for another request). A
-replay (``Idempotent-Replayed: true``) is a success like the first answer. See
-``docs/client.md``.
+every retry. The client retries network errors, 5xx answers (but 501, 505 and the 500
+``store-not-set-up``) and the 409s that mean "retry me" (problem types
+``request-in-flight`` and ``lease-lost``), with exponential backoff and full jitter,
+never sooner than ``Retry-After``. It never retries any other 4xx (422 above all: the
+key was reused for another request). A replay (``Idempotent-Replayed: true``) is a
+success like the first answer. See ``docs/client.md``.
 
 Usage::
 

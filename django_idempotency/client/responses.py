@@ -20,6 +20,9 @@ PROBLEM_JSON = "application/problem+json"
 RETRYABLE_CONFLICTS = ("request-in-flight", "lease-lost")
 #: 5xx statuses that say "never" rather than "not now".
 PERMANENT_5XX = frozenset({501, 505})
+#: The problem type of a 500 that says the server has no idempotency store for this
+#: site (a misconfiguration, docs/problems.md): nothing ran, and a retry cannot help.
+NOT_SET_UP = "store-not-set-up"
 #: 4xx statuses on which django-idempotency releases the key by default (its
 #: ``RELEASE_STATUSES`` setting but 409, which is judged by its problem type; see
 #: docs/configuration.md), so a retry with the same key runs the view again. Not
@@ -98,7 +101,8 @@ def verdict(response: httpx.Response, *, retry_statuses: frozenset[int] = frozen
     """What to do with ``response``: ``"success"``, ``"retry"`` or ``"fail"``.
 
     * below 400 (replays included): success;
-    * 5xx but 501 and 505: retry (the server released the key, or never claimed it);
+    * 5xx but 501, 505 and the 500 ``store-not-set-up``: retry (the server released
+      the key, or never claimed it);
     * 409 with problem type ``request-in-flight`` or ``lease-lost``: retry (the same
       key is being processed, or the attempt was fenced off and rolled back);
     * a status in ``retry_statuses`` (opt-in, e.g. 429): retry;
@@ -108,7 +112,8 @@ def verdict(response: httpx.Response, *, retry_statuses: frozenset[int] = frozen
     if status < 400:
         return "success"
     if status >= 500:
-        return "fail" if status in PERMANENT_5XX else "retry"
+        permanent = status in PERMANENT_5XX or problem_slug(response) == NOT_SET_UP
+        return "fail" if permanent else "retry"
     if status in retry_statuses:
         return "retry"
     if status == 409 and problem_slug(response) in RETRYABLE_CONFLICTS:

@@ -35,7 +35,7 @@ from django_idempotency.outbox.claim import Claimed, claim_due
 from django_idempotency.outbox.deliver import Pool, deliver_inline, deliver_pooled
 from django_idempotency.outbox.marks import Marks
 from django_idempotency.store.routing import outbox_database
-from django_idempotency.store.tenants import use_schema
+from django_idempotency.store.tenants import current_schema, use_schema
 
 logger = logging.getLogger("django_idempotency.outbox")
 
@@ -108,7 +108,8 @@ class Relay:
         schema: on a schema-per-tenant database (django-tenants), the schema whose
             outbox this relay delivers (``store.tenants.schemas`` lists them): its
             batches, its handlers' threads and its marks' writer run in it
-            (docs/tenants.md). ``None``: the connection's own schema.
+            (docs/tenants.md). ``None``: the schema the calling thread's connection
+            runs in when the relay is made.
         stop_on: exception types that stop the batch when a handler raises one (a
             time limit raised inside the handler, such as Celery's
             ``SoftTimeLimitExceeded``): the attempt is recorded as failed (retried
@@ -131,13 +132,16 @@ class Relay:
     ) -> None:
         handlers.autodiscover()
         self.using = using or outbox_database()
-        self.schema = schema
+        # None: the schema the caller's connection runs in now (django-tenants), so the
+        # handlers' threads and the marks' writer, whose connections start in public,
+        # work where the batches are claimed.
+        self.schema = schema if schema is not None else current_schema(connections[self.using])
         self.lease = lease
         self.threads = threads
         if threads is not None and int(threads) < 1:
             raise ValueError(f"threads must be at least 1, not {threads}")
         self.stop_on = tuple(stop_on)
-        self._marks = Marks(self.using, conf.outbox_mark_delay, _report_sent, schema=schema)
+        self._marks = Marks(self.using, conf.outbox_mark_delay, _report_sent, schema=self.schema)
         self._pool: Pool | None = None
         self._stopping = False
         #: Messages this relay handled so far (sent, retried or dead-lettered), those

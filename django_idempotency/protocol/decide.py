@@ -5,11 +5,13 @@
 a replay of the stored response; 422 when the key was used for another request; 409
 (with ``Retry-After``) while the first request is in flight, after waiting up to the
 view's ``wait``, woken by the owner's completion where owner presence allows; 503 when
-the store fails (fail closed: the view never runs without a claim).
+the store fails (fail closed: the view never runs without a claim); 500 when the
+request runs in a tenant schema without the store's tables (docs/tenants.md).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 
 from django.db import DatabaseError, InterfaceError
@@ -24,7 +26,9 @@ from django_idempotency.protocol.digests import Fingerprint, differing_parts
 from django_idempotency.protocol.keys import HEADER
 from django_idempotency.protocol.options import Options
 from django_idempotency.protocol.responses import REPLAYED_HEADER, HeaderPolicy, build
-from django_idempotency.store import operators, presence
+from django_idempotency.store import operators, presence, tenants
+
+logger = logging.getLogger("django_idempotency")
 
 
 def key_name(options: Options) -> str:
@@ -87,6 +91,9 @@ def decide(
             else:
                 result = operators.peek(scope, fp.value, using=using)
         except (DatabaseError, InterfaceError) as exc:
+            schema = tenants.schema_without_tables(using, exc)
+            if schema is not None:  # not an outage: no store_failed (a 503's signal)
+                return _not_set_up(schema, using, scope)
             signals.store_failed.send(scope.endpoint, error=exc, **signal_kwargs)
             return problem(
                 problems.STORE_UNAVAILABLE,
@@ -159,6 +166,36 @@ _REMEDIES = {
     "FINGERPRINT_EXCLUDE or the view's fingerprint_exclude=, per-render form fields "
     "with FINGERPRINT_FORM_TOKENS",
 }
+
+
+def _not_set_up(schema: str, using: str, scope: store.Scope) -> Respond:
+    """The 500 ``store-not-set-up``: the request's schema has no record table.
+
+    Logged at ERROR with the fix; the client is told not to retry (nothing it can do
+    changes it). The response names no schema: that is the server's business.
+    """
+    if schema == tenants.public_schema():
+        fix = (
+            "serve the public site from a PUBLIC_SCHEMA_URLCONF without idempotent views, "
+            "or add 'django_idempotency' to SHARED_APPS as well and run "
+            "'manage.py migrate_schemas --shared' (check django_idempotency.E012)"
+        )
+    else:
+        fix = "run 'manage.py migrate_schemas' for this tenant"
+    logger.error(
+        "idempotent request refused: schema %r of database %r, where the request runs, "
+        "has no django_idempotency tables; %s (docs/tenants.md)",
+        schema,
+        using,
+        fix,
+        extra={"principal": scope.principal, "endpoint": scope.endpoint},
+    )
+    return problem(
+        problems.STORE_NOT_SET_UP,
+        "This site is not set up for idempotent requests: the server has no idempotency "
+        "store for it, so the request was not run. Retrying will not help; the "
+        "server's operators have been told.",
+    )
 
 
 def _reused(options: Options, parts: tuple[str, ...]) -> Respond:

@@ -54,6 +54,11 @@ IN_FLIGHT = ProblemType(
 )
 LEASE_LOST = ProblemType("lease-lost", 409, "This request lost its claim on the Idempotency-Key")
 STORE_UNAVAILABLE = ProblemType("store-unavailable", 503, "Idempotency store unavailable")
+#: The request runs where the store has no tables (django-tenants' public schema with
+#: the app in ``TENANT_APPS`` only): a server misconfiguration, not worth a retry.
+STORE_NOT_SET_UP = ProblemType(
+    "store-not-set-up", 500, "Idempotency store not set up for this site"
+)
 RESPONSE_TOO_LARGE = ProblemType(
     "response-too-large-to-replay", 410, "The stored response is too large to replay"
 )
@@ -69,6 +74,7 @@ ALL = (
     IN_FLIGHT,
     LEASE_LOST,
     STORE_UNAVAILABLE,
+    STORE_NOT_SET_UP,
     RESPONSE_TOO_LARGE,
 )
 

@@ -25,12 +25,25 @@ from django_idempotency.store.schema.functions import PARTITION_PREFIX, TABLE
 
 @dataclass(frozen=True)
 class Partition:
-    """One day partition: its table name, UTC day and estimated row count (-1: unknown)."""
+    """One day partition: its table name, UTC day and estimated row count (-1: unknown).
+
+    ``schema``: the schema it is in, the record table's (``""``: unnamed, found through
+    ``search_path``). Every statement on a listed partition names that schema, so a
+    tenant's sweep never reaches a partition of the same day in ``public``.
+    """
 
     name: str
     day: dt.date
     rows: int
     attached: bool = True
+    schema: str = ""
+
+
+def _qualified(connection: BaseDatabaseWrapper, partition: Partition) -> str:
+    """``partition``'s table name for SQL, with its schema when known."""
+    quote = connection.ops.quote_name
+    name = quote(partition.name)
+    return f"{quote(partition.schema)}.{name}" if partition.schema else name
 
 
 #: The store's "now" on PostgreSQL: the database's clock plus the test offset (seconds).
@@ -64,8 +77,10 @@ def list_partitions(connection: BaseDatabaseWrapper) -> list[Partition]:
             SELECT c.relname, c.reltuples::bigint,
                    EXISTS (SELECT 1 FROM pg_inherits i
                            WHERE i.inhrelid = c.oid AND i.inhparent = p.oid
-                             AND NOT i.inhdetachpending)
+                             AND NOT i.inhdetachpending),
+                   n.nspname
             FROM pg_class p JOIN pg_class c ON c.relnamespace = p.relnamespace
+            JOIN pg_namespace n ON n.oid = p.relnamespace
             WHERE p.oid = to_regclass(%s) AND c.relkind = 'r'
               AND c.relname LIKE %s
             """,
@@ -73,10 +88,10 @@ def list_partitions(connection: BaseDatabaseWrapper) -> list[Partition]:
         )
         rows = cursor.fetchall()
     found = []
-    for name, tuples, attached in rows:
+    for name, tuples, attached, schema in rows:
         day = _day_of(name)
         if day is not None:
-            found.append(Partition(name, day, int(tuples), bool(attached)))
+            found.append(Partition(name, day, int(tuples), bool(attached), str(schema)))
     return sorted(found, key=lambda p: p.day)
 
 
@@ -112,7 +127,7 @@ def drop(connection: BaseDatabaseWrapper, partition: Partition, *, lock_timeout:
     Raises:
         django.db.OperationalError: the lock was not granted in time (retry later).
     """
-    quoted = connection.ops.quote_name(partition.name)
+    quoted = _qualified(connection, partition)
     parent = connection.ops.quote_name(TABLE)
     if connection.in_atomic_block:
         _drop_in_transaction(connection, quoted, lock_timeout)
@@ -121,7 +136,7 @@ def drop(connection: BaseDatabaseWrapper, partition: Partition, *, lock_timeout:
     # client); the detach is cancelled if it waits longer than lock_timeout, and the
     # drop runs in a transaction of its own with a transaction-local lock_timeout.
     with connection.cursor() as cursor:
-        pending = _detach_pending(cursor, partition.name)
+        pending = _detach_pending(cursor, quoted)
         if partition.attached or pending:
             mode = "FINALIZE" if pending else "CONCURRENTLY"
             with _cancelled_after(connection, lock_timeout):
@@ -201,7 +216,7 @@ def holds_live_records(
         django.db.OperationalError: ``lock_timeout`` passed before the lock was granted
             (a writer still runs: keep the day for now).
     """
-    quoted = connection.ops.quote_name(partition.name)
+    quoted = _qualified(connection, partition)
     if lock_timeout is None:
         with connection.cursor() as cursor:
             cursor.execute(f"SELECT EXISTS (SELECT 1 FROM {quoted} WHERE expires_at > %s)", [now])
@@ -217,6 +232,7 @@ def holds_live_records(
 
 
 def _detach_pending(cursor: Any, name: str) -> bool:
+    """Whether the table ``name`` (quoted, with its schema) has a detach left pending."""
     cursor.execute(
         "SELECT EXISTS (SELECT 1 FROM pg_inherits WHERE inhrelid = to_regclass(%s) "
         "AND inhdetachpending)",

@@ -50,9 +50,16 @@ from django_idempotency.store import clock
 from django_idempotency.store.catalog import is_partitioned, reload_partition_map
 from django_idempotency.store.clock import store_now
 from django_idempotency.store.routing import record_database
-from django_idempotency.store.schema.functions import SCHEMA_SWEEP_LOCK, SWEEP_LOCK
+from django_idempotency.store.schema.functions import SCHEMA_SWEEP_LOCK, SWEEP_LOCK, TABLE
 from django_idempotency.store.schema.tables import days_ahead
-from django_idempotency.store.tenants import label, targets, use_schema
+from django_idempotency.store.tenants import (
+    copy_of,
+    current_schema,
+    dropped_during,
+    label,
+    targets,
+    use_schema,
+)
 
 logger = logging.getLogger("django_idempotency")
 
@@ -153,14 +160,26 @@ def sweep_all(using: str | None = None, *, dry_run: bool = False) -> list[SweepR
         using: database alias; by default the router's choice for records.
         dry_run: change nothing; report what would be created, dropped or deleted.
 
+    A tenant schema dropped while the run reaches it (its tenant deleted) is skipped
+    and logged; the other schemas are swept. Only tenants django-tenants knows (rows of
+    its ``TENANT_MODEL``, and its public schema) are swept: another schema holding a
+    table of that name (a template, a backup) is not.
+
     Returns:
-        The :class:`SweepReport` of each schema, in order (``schema`` names it).
+        The :class:`SweepReport` of each schema swept, in order (``schema`` names it).
 
     Raises:
         django.db.DatabaseError: the database failed; the schemas after it are not swept.
     """
     using = using or record_database()
-    return [sweep(alias, dry_run=dry_run, schema=name) for alias, name in targets((using,))]
+    reports = []
+    for alias, name in targets((using,)):
+        try:
+            reports.append(sweep(alias, dry_run=dry_run, schema=name))
+        except DatabaseError as exc:
+            if not dropped_during(alias, name, exc, "idempotency sweep"):
+                raise
+    return reports
 
 
 def _sweep(using: str, dry_run: bool, schema: str | None) -> SweepReport:
@@ -215,23 +234,28 @@ def _exclusive(
     a transaction pooler (PgBouncer), so the lock is taken and released (by the
     transaction's end) on the same session, never leaked to another client's; a
     sweeper that dies drops its connection, which ends the transaction and the lock.
-    That transaction takes no table lock: the detaches never wait for it. A tenant
-    schema's sweep takes a lock of its own schema (``SCHEMA_SWEEP_LOCK``, the name's
-    hash), so sweeps of two schemas never skip each other.
+    That transaction takes no table lock: the detaches never wait for it. On a
+    schema-per-tenant database (django-tenants) a sweep takes the lock of the schema
+    whose record table it sweeps (``SCHEMA_SWEEP_LOCK``, the schema name's hash), found
+    the way the sweep's statements find the table (the second connection runs in the
+    same schema), so sweeps of two schemas never skip each other and two sweeps of one
+    schema never run together, whichever schema they were asked for.
     """
     if dry_run or connection.vendor != "postgresql":
         yield True
         return
-    holder = connection.copy()
+    holder = copy_of(connection)
     try:
         holder.set_autocommit(False)
         with holder.cursor() as cursor:
-            if schema is None:
+            if current_schema(holder) is None:
                 cursor.execute("SELECT pg_try_advisory_xact_lock(%s, %s)", list(SWEEP_LOCK))
             else:
                 cursor.execute(
-                    "SELECT pg_try_advisory_xact_lock(%s, hashtext(%s))",
-                    [SCHEMA_SWEEP_LOCK, schema],
+                    "SELECT pg_try_advisory_xact_lock(%s, hashtext(coalesce(("
+                    "SELECT n.nspname FROM pg_class c JOIN pg_namespace n "
+                    "ON n.oid = c.relnamespace WHERE c.oid = to_regclass(%s)), %s)))",
+                    [SCHEMA_SWEEP_LOCK, TABLE, schema or ""],
                 )
             (acquired,) = cursor.fetchone()
         yield bool(acquired)

@@ -5,7 +5,10 @@ table is partitioned and which port the server listens on; the answer is cached,
 claim pays nothing for it even with ``CONN_MAX_AGE = 0``. The schema is the one a
 schema-per-tenant connection (django-tenants) runs in now, ``connection.schema_name``:
 each tenant's schema has its own record table, which may be of another kind than the
-next tenant's (docs/tenants.md). Migrations that change the table,
+next tenant's (docs/tenants.md). The lookup names no schema on purpose: it finds the
+record table the store's own statements find through the connection's ``search_path``
+(the tenant's, or ``public``'s when the app is in ``SHARED_APPS`` only), which is the
+one whose kind matters. Migrations that change the table,
 and any failing claim statement, call :func:`forget`, so a process that outlives a
 migration reads it again.
 """

@@ -2,10 +2,12 @@
 
 A background thread extends the claim's lease every third of the lease, with its own
 database connection (so each extension commits at once, beside the view's open
-transaction), until the view returns or raises. The thread is a daemon: it dies with
-its process, and the lease then runs out (or, on a direct PostgreSQL connection, the
-owner's presence lock goes at once: docs/robustness.md#owner-presence). A claim found
-taken over stops it. The manual ``request.idempotency.extend_lease()`` still works.
+transaction), until the view returns or raises. On a schema-per-tenant database
+(django-tenants) that connection runs in the request's schema (docs/tenants.md). The
+thread is a daemon: it dies with its process, and the lease then runs out (or, on a
+direct PostgreSQL connection, the owner's presence lock goes at once:
+docs/robustness.md#owner-presence). A claim found taken over stops it. The manual
+``request.idempotency.extend_lease()`` still works.
 
 PostgreSQL only, at READ COMMITTED: SQLite has one writer, which the view holds, and
 above READ COMMITTED a lease extended beside the view's transaction would make its
@@ -24,6 +26,7 @@ from django.db import DatabaseError, InterfaceError, connections
 
 from django_idempotency import signals
 from django_idempotency.logging import key_hash
+from django_idempotency.store import tenants
 from django_idempotency.store.isolation import stricter_than_read_committed
 from django_idempotency.store.settle import extend
 from django_idempotency.store.values import Claim
@@ -52,6 +55,9 @@ class Heartbeat:
         self.lease = lease
         self.interval = lease / 3.0
         self.beats = 0
+        # Taken in the request's thread: the beating thread's own connection starts in
+        # django-tenants' public schema, whose table (if any) is not the claim's.
+        self._place = tenants.place_of(connections[claim.using])
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._run, name=f"idempotency-heartbeat-{claim.record_id}", daemon=True
@@ -73,6 +79,7 @@ class Heartbeat:
             "key_hash": key_hash(self.claim.scope.key),
         }
         try:
+            tenants.enter(self.claim.using, self._place)  # kept by the wrapper across a close
             while not self._stop.wait(self.interval):
                 try:
                     kept = extend(self.claim, self.lease)

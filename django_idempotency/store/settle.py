@@ -29,7 +29,7 @@ from django.db.models.functions import Greatest
 
 from django_idempotency.exceptions import HeartbeatUnavailable, LeaseLost
 from django_idempotency.models import IdempotencyRecord, RecordState
-from django_idempotency.store import clock, presence
+from django_idempotency.store import clock, presence, tenants
 from django_idempotency.store.isolation import SERIALIZATION_FAILURE, stricter_than_read_committed
 from django_idempotency.store.rows import now_value, scope_filter, sqlstate_of
 from django_idempotency.store.sql import (
@@ -302,7 +302,8 @@ def extend(claim: Claim, seconds: float) -> bool:
 
     Commits at once, even inside the view's atomic block: on PostgreSQL it then uses a
     second, short-lived connection, so other requests see the new lease without
-    waiting for the view's transaction. (SQLite has one writer per database, so there
+    waiting for the view's transaction; on a schema-per-tenant database it runs in the
+    request's schema. (SQLite has one writer per database, so there
     the update joins the current transaction.)
 
     Returns:
@@ -333,7 +334,7 @@ def extend(claim: Claim, seconds: float) -> bool:
             "transaction would make the request's own completion fail. Give this view a "
             "lease longer than its longest run, or use READ COMMITTED for this database."
         )
-    target = connection.copy() if side else connection
+    target = tenants.copy_of(connection) if side else connection  # in the request's schema
     try:
         with target.cursor() as cursor:
             cursor.execute(PG_EXTEND_SQL, params)

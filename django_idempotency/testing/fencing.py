@@ -11,6 +11,7 @@ from django.db import connections
 
 from django_idempotency import signals
 from django_idempotency.logging import key_hash
+from django_idempotency.store import tenants
 from django_idempotency.testing.clock import past_lease
 from django_idempotency.testing.outcomes import ClientFactory, describe, kind_of, send
 from django_idempotency.testing.threads import counting_claims, require_committed_reads
@@ -76,21 +77,33 @@ class _HoldFirstClaim:
         self._timeout = timeout
         self.held = threading.Event()
         self.release = threading.Event()
+        #: Where the first request's connections ran (its tenant, on django-tenants).
+        self.places: dict[str, tenants.Place] = {}
 
     def __call__(self, sender: Any, *, key_hash: str, **_: Any) -> None:
         if key_hash != self._hash or self.held.is_set():
             return
+        self.places = tenants.places()  # sent in the request's thread
         self.held.set()
         self.release.wait(self._timeout)
 
 
-def _lease_of(key: str, default: float | None) -> float | None:
-    """The claimed record's lease, seconds (``lease_until - created_at``)."""
+def _lease_of(key: str, default: float | None, places: dict[str, tenants.Place]) -> float | None:
+    """The claimed record's lease, seconds (``lease_until - created_at``).
+
+    Read where the first request claimed it: in its tenant's schema on django-tenants,
+    whatever schema the test's own connection is in.
+    """
     from django_idempotency.models import IdempotencyRecord
+    from django_idempotency.store.routing import record_database
 
     if default is not None:
         return default
-    record = IdempotencyRecord.objects.filter(key=key).order_by("-created_at").first()
+    using = record_database()
+    with tenants.placed(using, places.get(using)):
+        record = (
+            IdempotencyRecord.objects.using(using).filter(key=key).order_by("-created_at").first()
+        )
     if record is None:
         return None
     seconds = (record.lease_until - record.created_at).total_seconds()
@@ -167,7 +180,7 @@ def fence_stale_owner(
                 raise errors[0]
             if stale:
                 raise AssertionError(f"the first request never claimed: {describe(stale[0])}")
-            with past_lease(_lease_of(key, lease)):
+            with past_lease(_lease_of(key, lease, hold.places)):
                 retry = send(client_factory, method, path, data, key, extra)
             hold.release.set()
             thread.join(timeout)

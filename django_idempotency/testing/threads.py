@@ -11,6 +11,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 
 from django_idempotency import signals
 from django_idempotency.logging import key_hash
+from django_idempotency.store import tenants
 
 T = TypeVar("T")
 
@@ -34,7 +35,9 @@ def run_together(func: Callable[[int], T], count: int, *, timeout: float = 30.0)
     """Call ``func(0)`` ... ``func(count - 1)`` on ``count`` threads at the same moment.
 
     The threads wait on one barrier and are released together; each closes its own
-    database connections when it ends (Django opens one per thread).
+    database connections when it ends (Django opens one per thread). On a
+    schema-per-tenant database (django-tenants) each thread's connections start in the
+    schema the caller's run in, not in ``public``.
 
     Args:
         func: called with the thread's index.
@@ -53,9 +56,12 @@ def run_together(func: Callable[[int], T], count: int, *, timeout: float = 30.0)
     barrier = threading.Barrier(count)
     results: list[Any] = [None] * count
     errors: list[BaseException] = []
+    where = tenants.places()  # a tenant the caller runs in (django-tenants), per database
 
     def target(index: int) -> None:
         try:
+            for alias, place in where.items():
+                tenants.enter(alias, place)
             barrier.wait(timeout)
             results[index] = func(index)
         except BaseException as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.test import override_settings
 
 from django_idempotency.checks.tenants import check_public_urlconf, check_tenant_layout
@@ -72,3 +73,28 @@ def test_public_idempotent_views_work_with_the_app_in_shared_apps_too():
 )
 def test_a_public_urlconf_without_idempotent_views_is_fine():
     assert check_public_urlconf() == []
+
+
+@override_settings(
+    SHARED_APPS=["django_tenants"],
+    TENANT_APPS=["django_idempotency"],
+    ROOT_URLCONF="tests.support.urls",
+)
+def test_e012_without_a_public_urlconf_the_public_site_serves_the_root_urlconf():
+    with override_settings():
+        del settings.PUBLIC_SCHEMA_URLCONF  # absent: django-tenants serves ROOT_URLCONF
+        (message,) = check_public_urlconf()
+    assert message.id == "django_idempotency.E012"
+    assert "ROOT_URLCONF" in message.msg and "tests.support" in message.msg
+    assert "PUBLIC_SCHEMA_URLCONF" in message.hint
+
+
+@override_settings(
+    SHARED_APPS=["django_tenants", "django_idempotency"],
+    TENANT_APPS=["django_idempotency"],
+    ROOT_URLCONF="tests.support.urls",
+)
+def test_the_root_urlconf_on_public_is_fine_with_the_app_in_shared_apps_too():
+    with override_settings():
+        del settings.PUBLIC_SCHEMA_URLCONF
+        assert check_public_urlconf() == []

@@ -224,6 +224,16 @@ def test_permanent_5xx_are_not_retried(status: int) -> None:
     assert len(script.requests) == 1
 
 
+def test_a_server_without_an_idempotency_store_is_not_retried() -> None:
+    script = Script(problem("store-not-set-up", 500), created())
+
+    with make_client(script) as client, pytest.raises(NonRetryableError) as caught:
+        client.post("/x")
+
+    assert len(script.requests) == 1
+    assert caught.value.status == 500
+
+
 def test_retry_statuses_opts_in_to_retrying_a_4xx() -> None:
     script = Script(httpx.Response(429, headers={"Retry-After": "3"}), created())
     events: list[AttemptEvent] = []

@@ -1,10 +1,11 @@
 """Schema-per-tenant projects with the real django-tenants on PostgreSQL (docs/tenants.md).
 
 django-tenants needs its own database backend, router and apps, which the main suite's
-settings cannot share, so tests/tenants/scenarios.py runs in a pytest of its own, with
-``tests.tenants.settings`` and its own database (tests/tenants/plugin.py), once for this
-module; each test here is one scenario function of it, and passes when every case of
-that function passed there.
+settings cannot share, so tests/tenants/scenarios*.py run in a pytest of their own, with
+``tests.tenants.settings`` and its own database (tests/tenants/plugin.py), once per
+layout of the app for this module: in ``TENANT_APPS`` only (``tenant``), and in
+``SHARED_APPS`` too (``both``). Each test here is one scenario function in one layout,
+and passes when every case of that function passed there.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import pytest
 from django.conf import settings
 
 ROOT = Path(__file__).resolve().parents[2]
-SCENARIOS = ROOT / "tests" / "tenants" / "scenarios.py"
+#: The scenario modules (their names keep them out of the main suite's collection).
+SCENARIOS = sorted((ROOT / "tests" / "tenants").glob("scenarios*.py"))
 
 pytestmark = [
     pytest.mark.postgres,
@@ -34,19 +36,28 @@ pytestmark = [
 
 
 def scenario_names() -> list[str]:
-    """The test functions of tests/tenants/scenarios.py, in file order."""
-    tree = ast.parse(SCENARIOS.read_text())
+    """The test functions of tests/tenants/scenarios*.py, in file order."""
     return [
         node.name
-        for node in tree.body
+        for module in SCENARIOS
+        for node in ast.parse(module.read_text()).body
         if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")
     ]
 
 
+#: The layouts the suite runs in (``TENANTS_LAYOUT``, tests/tenants/settings.py).
+LAYOUTS = ("tenant", "both")
+
+
 @pytest.fixture(scope="module")
-def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str | None]]:
-    """Each scenario case's failure text (``None``: passed), by case name."""
-    report = tmp_path_factory.mktemp("tenants") / "report.xml"
+def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, list[str | None]]]:
+    """Each scenario case's failure text (``None``: passed), by layout and case name."""
+    return {layout: _run(tmp_path_factory, layout) for layout in LAYOUTS}
+
+
+def _run(tmp_path_factory: pytest.TempPathFactory, layout: str) -> dict[str, list[str | None]]:
+    """Run the scenarios in ``layout``; each case's failure text by case name."""
+    report = tmp_path_factory.mktemp(f"tenants-{layout}") / "report.xml"
     db = settings.DATABASES["default"]
     env = {
         **os.environ,
@@ -55,6 +66,7 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str | N
             f"{db.get('PORT') or 5432}/postgres"
         ),
         "PYTHONPATH": str(ROOT),
+        "TENANTS_LAYOUT": layout,
     }
     if db.get("PASSWORD"):
         env["PGPASSWORD"] = str(db["PASSWORD"])
@@ -75,7 +87,7 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str | N
             "tests.tenants.settings",
             f"--junitxml={report}",
             "-q",
-            str(SCENARIOS),
+            *map(str, SCENARIOS),
         ],
         cwd=ROOT,
         env=env,
@@ -84,7 +96,7 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str | N
         timeout=540,
     )
     if not report.exists():
-        pytest.fail(f"the tenant suite did not run:\n{run.stdout}\n{run.stderr}")
+        pytest.fail(f"the tenant suite ({layout}) did not run:\n{run.stdout}\n{run.stderr}")
     found: dict[str, list[str | None]] = {}
     for case in ET.parse(report).iter("testcase"):
         problem = case.find("failure")
@@ -98,9 +110,12 @@ def outcomes(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str | N
     return found
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("scenario", scenario_names())
-def test_tenant_scenario(scenario: str, outcomes: dict[str, list[str | None]]) -> None:
-    cases = outcomes.get(scenario)
-    assert cases, f"{scenario} did not run in the tenant suite"
+def test_tenant_scenario(
+    scenario: str, layout: str, outcomes: dict[str, dict[str, list[str | None]]]
+) -> None:
+    cases = outcomes[layout].get(scenario)
+    assert cases, f"{scenario} did not run in the tenant suite ({layout})"
     failures = [text for text in cases if text is not None]
     assert not failures, "\n\n".join(failures)

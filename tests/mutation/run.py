@@ -51,6 +51,7 @@ GUARDS = "tests/protocol/test_guards.py"
 _MARKS = "tests/outbox/test_marks.py"
 _STOPS = "tests/outbox/test_relay_stops.py"
 _OUTAGES = "tests/outbox/test_relay_outages.py"
+_TENANTS = "tests/integration/test_tenants.py::test_tenant_scenario"
 
 
 @dataclass(frozen=True)
@@ -2376,6 +2377,107 @@ MUTANTS: list[Mutant] = [
         ),
         backends=(PG,),
         what="the presence of claims whose connection closed is kept for ever",
+    ),
+    # Schema-per-tenant (django-tenants): each scenario runs in both layouts of the app.
+    m(
+        "TN1",
+        "store/tenants.py",
+        """    try:
+        yield
+    finally:
+        put(connection, previous)
+
+
+def enter_schema(""",
+        """    yield
+
+
+def enter_schema(""",
+        tests=(
+            f"{_TENANTS}[test_a_worker_is_back_in_its_tenant_after_sweeps_and_relay_passes-tenant]",
+        ),
+        backends=(PG,),
+        what="a sweep or relay pass leaves the worker's connection in the last tenant's schema",
+    ),
+    m(
+        "TN2",
+        "retention/sweeper.py",
+        "            if current_schema(holder) is None:\n",
+        "            if True:\n",
+        tests=(f"{_TENANTS}[test_sweeps_of_two_tenant_schemas_never_skip_each_other-tenant]",),
+        backends=(PG,),
+        what="a tenant schema's sweep takes the database-wide lock: other schemas' sweeps skip",
+    ),
+    m(
+        "TN3",
+        "store/heartbeat.py",
+        "            tenants.enter(self.claim.using, self._place)",
+        "            pass",
+        tests=(f"{_TENANTS}[test_the_heartbeat_keeps_a_tenants_claim_past_its_lease-both]",),
+        backends=(PG,),
+        what="the heartbeat beats in public: a tenant's lease runs out under a live view",
+    ),
+    m(
+        "TN4",
+        "store/tenants.py",
+        "    copy = connection.copy()\n    put(copy, place_of(connection))\n",
+        "    copy = connection.copy()\n",
+        tests=(f"{_TENANTS}[test_extend_lease_in_a_tenant_keeps_that_tenants_claim-both]",),
+        backends=(PG,),
+        what="extend_lease() extends from public: a tenant's claim looks taken over",
+    ),
+    m(
+        "TN5",
+        "store/schema/functions.py",
+        "            SELECT 1 FROM pg_class c WHERE c.relnamespace = v_schema\n",
+        "            SELECT 1 FROM pg_class c WHERE c.oid = to_regclass(c.relname)\n",
+        tests=(
+            f"{_TENANTS}[test_a_tenants_claim_makes_its_own_day_partition_beside_publics-tenant]",
+        ),
+        backends=(PG,),
+        what="a tenant's claim takes public's day partition for its own: 409 for the day",
+    ),
+    m(
+        "TN6",
+        "store/tenants.py",
+        "AND n.nspname = ANY(%s) ",
+        "AND %s IS NOT NULL ",
+        tests=(
+            f"{_TENANTS}[test_a_schema_that_is_not_a_tenant_is_neither_swept_nor_relayed-tenant]",
+        ),
+        backends=(PG,),
+        what="a schema that is not a tenant's (a backup) is swept and relayed",
+    ),
+    m(
+        "TN7",
+        "retention/sweeper.py",
+        '            if not dropped_during(alias, name, exc, "idempotency sweep"):\n',
+        "            if True:\n",
+        tests=(
+            f"{_TENANTS}[test_a_tenant_deleted_during_a_pass_is_skipped_and_the_others_done-tenant]",
+        ),
+        backends=(PG,),
+        what="a tenant deleted during a sweep stops the sweep of every other tenant",
+    ),
+    m(
+        "TN8",
+        "testing/threads.py",
+        "                tenants.enter(alias, place)\n",
+        "                pass\n",
+        tests=(f"{_TENANTS}[test_the_test_kit_works_in_a_tenant-tenant]",),
+        backends=(PG,),
+        what="the test kit's threads run in public, not in the test's tenant",
+    ),
+    m(
+        "TN9",
+        "outbox/relay.py",
+        "schema if schema is not None else current_schema(connections[self.using])",
+        "schema",
+        tests=(
+            f"{_TENANTS}[test_a_relay_run_from_a_tenant_delivers_there_with_its_threads-tenant]",
+        ),
+        backends=(PG,),
+        what="a relay run from a tenant starts its handlers' threads and marks' writer in public",
     ),
 ]
 

@@ -1,5 +1,8 @@
 """The schema-per-tenant suite's database: created for the run, three tenants, dropped after.
 
+The public schema is a tenant too (django-tenants' public tenant, host ``public.test``):
+it holds the app's tables only in the ``both`` layout (``TENANTS_LAYOUT``).
+
 Loaded with ``-p tests.tenants.plugin`` by tests/integration/test_tenants.py, which runs
 tests/tenants/scenarios.py in a pytest of its own (``DJANGO_SETTINGS_MODULE`` =
 ``tests.tenants.settings``): django-tenants needs its own database backend, router and
@@ -10,6 +13,7 @@ tests keep apart by their idempotency keys, not by rolled-back transactions.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,6 +29,10 @@ PARTITIONED = ("alpha", "beta")
 #: A tenant migrated with ``PARTITION_RECORDS = False``: its record table stays plain.
 PLAIN = ("gamma",)
 TENANTS = (*PARTITIONED, *PLAIN)
+#: The app in SHARED_APPS as well as TENANT_APPS: public has records of its own.
+BOTH = os.environ.get("TENANTS_LAYOUT", "tenant") == "both"  # as tests/tenants/settings.py
+#: The schemas holding the app's tables, as a sweep or a relay run lists them.
+SCHEMAS = tuple(sorted((*TENANTS, "public"))) if BOTH else TENANTS
 
 
 def _maintenance() -> Any:
@@ -55,6 +63,8 @@ def tenant_database(django_db_blocker: Any) -> Iterator[tuple[str, ...]]:
         call_command("migrate_schemas", "--shared", verbosity=0)
         from tests.tenants.customers.models import Client, Domain
 
+        public = Client.objects.create(schema_name="public", name="Public")  # no migration
+        Domain.objects.create(domain="public.test", tenant=public, is_primary=True)
         for schema in TENANTS:  # creating a tenant migrates its schema (TENANT_APPS)
             partitioned = {"PARTITION_RECORDS": schema in PARTITIONED}
             with override_settings(IDEMPOTENCY=partitioned):

@@ -1,10 +1,12 @@
 """Schema-per-tenant projects (django-tenants): records, claims, sweeps and relays per schema.
 
-Run by tests/integration/test_tenants.py in a pytest of its own. tests/tenants/plugin.py
-makes the database: tenants ``alpha``, ``beta`` and ``gamma``, each with its own schema
-holding the app's tables (day-partitioned in ``alpha`` and ``beta``, a plain table in
-``gamma``). The file name keeps it out of the main suite's collection, whose settings
-are not django-tenants'.
+Run by tests/integration/test_tenants.py in a pytest of its own, once per layout of the
+app (``TENANTS_LAYOUT``: in ``TENANT_APPS`` only, or in ``SHARED_APPS`` too).
+tests/tenants/plugin.py makes the database: tenants ``alpha``, ``beta`` and ``gamma``,
+each with its own schema holding the app's tables (day-partitioned in ``alpha`` and
+``beta``, a plain table in ``gamma``), and the public tenant (``public.test``), whose
+schema holds them only in the ``both`` layout. The file name keeps it out of the main
+suite's collection, whose settings are not django-tenants'.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from django_idempotency.retention import partitions
 from django_idempotency.store import catalog
 from django_idempotency.testing import fire_duplicates, travel
 from django_idempotency.testing.threads import run_together
-from tests.tenants.plugin import PARTITIONED, PLAIN, TENANTS
+from tests.tenants.plugin import BOTH, PARTITIONED, PLAIN, SCHEMAS, TENANTS
 from tests.tenants.shop.models import Delivery, Order
 
 
@@ -96,8 +98,8 @@ def test_cached_table_facts_are_kept_per_schema() -> None:
         connection.set_schema(schema)  # type: ignore[attr-defined]
         assert catalog.is_partitioned(connection) == (schema in PARTITIONED)
         connection.set_schema_to_public()  # type: ignore[attr-defined]
-    # The app is in TENANT_APPS alone: public has no record table, and says so.
-    assert not catalog.is_partitioned(connection)
+    # Public's own table: partitioned in the both layout; none with TENANT_APPS alone.
+    assert catalog.is_partitioned(connection) == BOTH
 
 
 def test_concurrent_duplicates_inside_one_tenant_run_once() -> None:
@@ -153,6 +155,7 @@ def test_one_sweep_drops_a_past_day_in_every_schema(runner: str) -> None:
             assert methods == {
                 **dict.fromkeys(PARTITIONED, "partitions"),
                 **dict.fromkeys(PLAIN, "delete"),
+                **({"public": "partitions"} if BOTH else {}),
             }
 
     for schema in PARTITIONED:
@@ -216,10 +219,10 @@ def test_the_relay_loop_takes_up_a_new_tenant_and_lets_a_dropped_one_go() -> Non
         assert all(each.schema == target[1] for target, each in relays.items())
         return {schema for _alias, schema in relays}
 
-    assert discover() == set(TENANTS)
+    assert discover() == set(SCHEMAS)
     tenant = Tenant.objects.create(schema_name="delta", name="Delta")
     try:
-        assert discover() == {*TENANTS, "delta"}
+        assert discover() == {*SCHEMAS, "delta"}
     finally:
         tenant.delete(force_drop=True)
-    assert discover() == set(TENANTS)
+    assert discover() == set(SCHEMAS)

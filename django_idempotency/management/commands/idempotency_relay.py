@@ -44,6 +44,11 @@ class Command(BaseCommand):
         "database it delivers every tenant schema's outbox."
     )
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: Relays of tenant schemas dropped during the run: their counts still add up.
+        self._dropped: list[relay.Relay] = []
+
     def add_arguments(self, parser: CommandParser) -> None:  # noqa: D102
         parser.add_argument(
             "--once", action="store_true", help="Deliver what is due now, then exit."
@@ -100,6 +105,7 @@ class Command(BaseCommand):
         # One relay per database (and tenant schema) for the whole run: a batch's marks
         # are written while the next batch is claimed (docs/outbox.md, "Marks").
         relays: dict[Target, relay.Relay] = {}
+        self._dropped = []
         outages = {alias: Outage("outbox relay", alias, logger) for alias in aliases}
         unavailable: dict[str, BaseException] = {}  # --once: databases given up on
 
@@ -139,6 +145,11 @@ class Command(BaseCommand):
                             else:
                                 outages[alias].failed(exc)
                             continue
+                        except DatabaseError as exc:
+                            if not tenants.dropped_during(*target, exc, "outbox relay"):
+                                raise
+                            self._forget(relays, target)
+                            continue
                         outages[alias].recovered()
                         ran = True
                         full = full or handled >= batch_size
@@ -149,12 +160,16 @@ class Command(BaseCommand):
                     if once or (limit is not None and iterations >= limit):
                         break
                     # Drained for now: nothing left pending while it sleeps.
-                    for target, each in relays.items():
+                    for target, each in list(relays.items()):
                         if not outages[target[0]].down:
                             try:
                                 each.close()
                             except UNAVAILABLE as exc:
                                 outages[target[0]].failed(exc)
+                            except DatabaseError as exc:
+                                if not tenants.dropped_during(*target, exc, "outbox relay"):
+                                    raise
+                                self._forget(relays, target)
                     pause = options["interval"]
                     down = [o for o in outages.values() if o.down]
                     if down:
@@ -167,7 +182,8 @@ class Command(BaseCommand):
             unmarked = self._close(relays)
         if stop.requested:
             logger.info("outbox relay stopped on SIGTERM")
-        total = sum(each.handled for each in relays.values())
+        everyone = [*relays.values(), *self._dropped]
+        total = sum(each.handled for each in everyone)
         self.stdout.write(
             ngettext(
                 "Handled %(count)d outbox message.", "Handled %(count)d outbox messages.", total
@@ -175,7 +191,7 @@ class Command(BaseCommand):
             % {"count": total}
         )
         if total:
-            self.stdout.write(outcome_line(relays.values()))
+            self.stdout.write(outcome_line(everyone))
         problems = [f"database {alias!r} unavailable: {exc}" for alias, exc in unavailable.items()]
         problems += [
             f"database {tenants.label(*target)!r}: {count} delivered message(s) not marked "
@@ -214,18 +230,26 @@ class Command(BaseCommand):
                 if target not in relays:
                     relays[target] = relay.Relay(alias, threads=threads, schema=target[1])
             for target in [t for t in relays if t[0] == alias and t not in found]:
-                gone = relays.pop(target)
-                with contextlib.suppress(DatabaseError):  # its tables went with the schema
-                    gone.close()
+                self._forget(relays, target)
+
+    def _forget(self, relays: dict[Target, relay.Relay], target: Target) -> None:
+        """Stop relaying a tenant schema that was dropped (its handled count is kept)."""
+        gone = relays.pop(target)
+        self._dropped.append(gone)
+        with contextlib.suppress(DatabaseError):  # its tables went with the schema
+            gone.close()
 
     def _close(self, relays: dict[Target, relay.Relay]) -> dict[Target, tuple[int, BaseException]]:
         """Close every relay (its last marks); the marks the database refused, by target."""
         unmarked: dict[Target, tuple[int, BaseException]] = {}
-        for target, each in relays.items():
+        for target, each in list(relays.items()):
             try:
                 each.close()
             except UNAVAILABLE as exc:
                 unmarked[target] = (each.unmarked, exc)
+            except DatabaseError as exc:
+                if not tenants.dropped_during(*target, exc, "outbox relay"):
+                    raise
         return unmarked
 
 

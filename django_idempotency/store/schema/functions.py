@@ -162,6 +162,7 @@ DECLARE
     v_row {TABLE}%ROWTYPE;
     v_id bigint;
     v_pid integer;
+    v_schema oid;
     v_presence bigint := {_PRESENCE_LOCK_KEY};
 BEGIN{_READ_COMMITTED_ONLY}
     IF p_async_commit THEN
@@ -221,11 +222,16 @@ BEGIN{_READ_COMMITTED_ONLY}
             RETURN;  -- changed since the lookup (takeover, heartbeat): caller re-reads
         END IF;
     END IF;
-    -- 3. Insert into the partition of the day the window ends.
+    -- 3. Insert into the partition of the day the window ends, looked up in the schema
+    -- of the record table this statement uses: a partition of that day in another
+    -- schema of the search_path (public's, for a tenant's claim) is not this table's.
+    SELECT c.relnamespace INTO v_schema FROM pg_class c WHERE c.oid = '{TABLE}'::regclass;
     LOOP
         v_expires := v_now + GREATEST(p_retention, p_lease) * interval '1 second';
         v_day := (v_expires AT TIME ZONE 'UTC')::date;
-        EXIT WHEN to_regclass('{PARTITION_PREFIX}' || to_char(v_day, 'YYYYMMDD')) IS NOT NULL;
+        EXIT WHEN EXISTS (
+            SELECT 1 FROM pg_class c WHERE c.relnamespace = v_schema
+              AND c.relname = '{PARTITION_PREFIX}' || to_char(v_day, 'YYYYMMDD'));
         PERFORM django_idempotency_ensure_partition(v_day);
         v_now := clock_timestamp() + p_clock_offset * interval '1 second';
     END LOOP;
