@@ -15,9 +15,9 @@ One line per decision on the ``django_idempotency.events`` logger, with these
   ``lease`` (its lease expired) or ``operator`` (an operator ended its lease).
 
 Levels: DEBUG for claims, INFO for replays, completions, releases and 409s, WARNING
-for 422s, takeovers, fenced rollbacks and executions near their lease, ERROR for store failures. The receivers are
-connected when the app is ready (``apps.py``); the logger's level decides what is
-written (docs/observability.md).
+for 422s, takeovers, fenced rollbacks and executions near their lease, ERROR for store
+failures. The receivers are connected when the app is ready (``apps.py``); the
+logger's level decides what is written (docs/observability.md).
 """
 
 from __future__ import annotations

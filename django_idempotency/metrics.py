@@ -157,8 +157,10 @@ class MetricsSink(Protocol):
         """Add one to the counter ``metric`` with these label values."""
 
     def observe(self, metric: Metric, value: float, labels: Mapping[str, str]) -> None:
-        """Record ``value`` (seconds for ``*_seconds``): in the histogram ``metric``,
-        or as the value now of the gauge ``metric`` (``kind == "gauge"``)."""
+        """Record ``value`` (seconds for ``*_seconds``) in ``metric``.
+
+        A histogram observes it; a gauge (``kind == "gauge"``) takes it as its value now.
+        """
 
 
 def _status(value: object) -> str:

@@ -105,7 +105,8 @@ def execute(
         presence.ensure_released(claim)  # the settling statement normally did it
         if isinstance(caller, IdempotencyContext):  # the caller's own again
             attach(request, caller)
-        executed(claim, time.monotonic() - started, lease, beat is not None or context.lease_renewed)
+        renewed = beat is not None or context.lease_renewed
+        executed(claim, time.monotonic() - started, lease, renewed)
 
 
 def executed(claim: store.Claim, duration: float, lease: float, renewed: bool) -> None:
