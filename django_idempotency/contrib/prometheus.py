@@ -9,11 +9,14 @@ Call :func:`install` once, when the apps are ready (your ``AppConfig.ready()``):
 It registers, in ``prometheus_client``'s default registry (or ``registry=``), one
 counter per event of ``django_idempotency.metrics`` (``django_idempotency_replays_total``,
 ``..._in_flight_conflicts_total``, ``..._key_reuses_total``, ``..._takeovers_total``,
-``..._fenced_rollbacks_total`` ...), the histogram ``..._outbox_delivery_lag_seconds``
-and the outbox gauges (``..._outbox_lag_seconds``, ``..._outbox_due_messages``,
-``..._outbox_dead_messages`` ...), read from the database at each scrape. Expose the
+``..._fenced_rollbacks_total`` ...), the histograms ``..._outbox_delivery_lag_seconds``,
+``..._execution_seconds`` and ``..._replay_age_seconds``, the gauges the keys-minted
+audit sets (``..._keys_minted_groups``) and the outbox gauges
+(``..._outbox_lag_seconds``, ``..._outbox_due_messages``, ``..._outbox_dead_messages``
+...), read from the database at each scrape. Expose the
 registry as you already do (``django-prometheus``, ``prometheus_client.start_http_server``,
-``make_wsgi_app``). Metric names and alert rules: docs/observability.md.
+``make_wsgi_app``). Metric names: docs/observability.md; alert rules and a Grafana
+dashboard ship in ``django_idempotency/monitoring/`` (docs/operations.md).
 
 ``prometheus_client`` is imported when this module is, never by the rest of the app.
 """

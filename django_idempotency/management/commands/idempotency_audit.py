@@ -49,8 +49,9 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:  # noqa: D102
         parser.add_argument(
             "--window",
-            default="24h",
-            help="How far back the claims audited go: seconds, or 90m, 6h, 1d (default 24h).",
+            default="1h",
+            help="How far back the claims audited go: seconds, or 90m, 6h, 1d (default 1h). "
+            "The cost grows with the records claimed in the window.",
         )
         parser.add_argument(
             "--limit", type=int, default=50, help="List at most this many groups, newest first."
