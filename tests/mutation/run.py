@@ -2017,7 +2017,7 @@ MUTANTS: list[Mutant] = [
         "FS4",
         "metrics.py",
         "    for endpoint in sorted(reported - set(groups)):\n"
-        "        sink.observe(KEYS_MINTED, 0.0, {\"endpoint\": endpoint})\n",
+        '        sink.observe(KEYS_MINTED, 0.0, {"endpoint": endpoint})\n',
         "",
         tests=(
             "tests/test_audit_command.py::"
