@@ -68,7 +68,8 @@ outbox_dead_lettered = Signal()
 #: The audit of keys minted per attempt ran (``management.audit``): ``groups``, a dict
 #: of endpoint to the number of groups found (one principal and one fingerprint under
 #: several keys within ``window`` seconds), every endpoint with at least one;
-#: ``window``: the seconds audited; ``using``: the database alias. Sender: the alias.
+#: ``window``: the seconds audited; ``using``: the database alias (``None``: every
+#: database of the task's run, counts added up). Sender: ``using``.
 audited = Signal()
 
 

@@ -23,11 +23,12 @@ every schema that holds the record table, one after the other (docs/tenants.md).
 from __future__ import annotations
 
 import logging
+from collections import Counter
 
 from celery import shared_task  # type: ignore[import-untyped]
 from celery.exceptions import SoftTimeLimitExceeded  # type: ignore[import-untyped]
 
-from django_idempotency import retention
+from django_idempotency import retention, signals
 from django_idempotency.management import audit, jobs
 from django_idempotency.outbox import relay
 from django_idempotency.outbox.enqueue import RELAY_TASK
@@ -125,8 +126,10 @@ def audit_keys_minted(
     """Audit keys minted per attempt (``audit.keys_minted``); schedule it with beat.
 
     Sets the ``keys_minted_groups`` gauges of the metrics sinks connected in the
-    worker process (docs/observability.md#failure-signatures) and logs a WARNING per
-    endpoint where groups were found.
+    worker process (docs/observability.md#failure-signatures), the groups of every
+    database audited added up per endpoint, once every database was audited (a run
+    with a database unavailable or too slow leaves the gauges as they were), and logs
+    a WARNING per endpoint where groups were found.
 
     Args:
         window: seconds back from now whose claims are audited (the beat interval is
@@ -144,10 +147,13 @@ def audit_keys_minted(
     logger = logging.getLogger("django_idempotency")
     aliases = (using,) if using else all_databases()
     reports: list[dict[str, object]] = []
+    total: Counter[str] = Counter()
     for alias in aliases:
         outage = jobs.for_job("keys minted audit task", alias, logger, then=_then)
         try:
-            report = audit.keys_minted(window, using=alias, limit=limit, timeout=timeout)
+            report = audit.keys_minted(
+                window, using=alias, limit=limit, timeout=timeout, send=False
+            )
         except jobs.UNAVAILABLE as exc:
             outage.failed(exc)
             reports.append({"database": alias, "error": f"{type(exc).__name__}: {exc}"})
@@ -167,4 +173,7 @@ def audit_keys_minted(
                 extra={"endpoint": endpoint, "groups": count},
             )
         reports.append({"database": alias, "counts": dict(report.counts)})
+        total.update(report.counts)
+    if all("counts" in each for each in reports):
+        signals.audited.send(None, groups=dict(total), window=window, using=using)
     return {"databases": reports}

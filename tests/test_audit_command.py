@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection, connections
+from django.test import override_settings
 
-from django_idempotency import metrics, tasks
+from django_idempotency import metrics, store, tasks
 from django_idempotency.management import audit
 from django_idempotency.metrics import InMemoryMetrics
 from django_idempotency.testing import travel
@@ -167,3 +168,49 @@ def test_an_audit_past_its_statement_timeout_is_reported_not_left_running():
     with connection.cursor() as cursor:
         cursor.execute("SHOW statement_timeout")
         assert cursor.fetchone()[0] == "0"  # the session's own setting is left as it was
+
+
+def minted_in(using: str, endpoint: str, times: int = 2) -> None:
+    """One principal's one request under ``times`` keys, claimed in database ``using``."""
+    for _ in range(times):
+        scope = store.Scope("auth.user:7", endpoint, str(uuid.uuid4()))
+        assert isinstance(
+            store.claim(scope, "f" * 64, lease=30.0, retention=86400.0, using=using), store.Claim
+        )
+
+
+@pytest.mark.django_db(databases=["default", "shard"])
+@override_settings(IDEMPOTENCY={"DATABASES": ["default", "shard"]})
+def test_the_audit_task_adds_up_every_database_per_endpoint(sink):
+    minted_in("default", "POST /jobs")
+    minted_in("shard", "POST /jobs")
+    minted_in("shard", "POST /runs")
+    result = tasks.audit_keys_minted(window=3600)
+    assert result == {
+        "databases": [
+            {"database": "default", "counts": {"POST /jobs": 1}},
+            {"database": "shard", "counts": {"POST /jobs": 1, "POST /runs": 1}},
+        ]
+    }
+    assert gauges(sink) == {"POST /jobs": 2.0, "POST /runs": 1.0}
+
+
+@pytest.mark.django_db(databases=["default", "shard"])
+def test_an_audit_task_run_that_missed_a_database_leaves_the_gauges(sink, monkeypatch):
+    minted_in("default", "POST /jobs")
+    tasks.audit_keys_minted(window=3600, using="default")
+    assert gauges(sink) == {"POST /jobs": 1.0}
+    stamps = len(sink.observations[metrics.AUDIT_TIME.name])
+
+    def too_slow(*args: Any, **kwargs: Any) -> Any:
+        raise audit.AuditTooSlow("the audit ran past its 30 s statement timeout")
+
+    monkeypatch.setattr(audit, "keys_minted", too_slow)
+    result = tasks.audit_keys_minted(window=3600, using="default")
+    assert result == {
+        "databases": [
+            {"database": "default", "error": "the audit ran past its 30 s statement timeout"}
+        ]
+    }
+    assert gauges(sink) == {"POST /jobs": 1.0}  # not zeroed by a run that saw nothing
+    assert len(sink.observations[metrics.AUDIT_TIME.name]) == stamps  # the audit looks stale
