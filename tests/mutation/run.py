@@ -2025,6 +2025,17 @@ MUTANTS: list[Mutant] = [
         ),
         what="an endpoint no longer found by the audit keeps its last gauge value",
     ),
+    m(
+        "FS5",
+        "tasks.py",
+        '    if all("counts" in each for each in reports):\n',
+        "    if True:\n",
+        tests=(
+            "tests/test_audit_command.py::"
+            "test_an_audit_task_run_that_missed_a_database_leaves_the_gauges",
+        ),
+        what="an audit run that missed a database zeroes the keys-minted gauges",
+    ),
 ]
 
 
