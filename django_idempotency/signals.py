@@ -7,8 +7,9 @@ must be cheap and must not raise: they run on the request path. Keys are never s
 The app's own receivers: structured logs (``logging.py``, always connected) and
 metrics (``metrics.connect(sink)``, opt-in).
 
-The outbox's signals (``outbox_*``, at the end) are sent by the relay with ``sender`` =
-the message's topic and the keyword arguments listed with each.
+The outbox's signals (``outbox_*``) are sent by the relay with ``sender`` = the
+message's topic and the keyword arguments listed with each; ``audited``, at the end, by
+the keys-minted audit, with the arguments listed with it.
 """
 
 from __future__ import annotations
