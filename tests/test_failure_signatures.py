@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.test import override_settings
+from django.test import Client, override_settings
 
 from django_idempotency import inbox, metrics, signals
 from django_idempotency.metrics import InMemoryMetrics
@@ -133,3 +133,24 @@ def test_the_signature_metrics_carry_only_bounded_labels(sink, api, key):
             assert set(labels) == {"endpoint"}
     for metric in (metrics.EXECUTION_TIME, metrics.NEAR_LEASE, metrics.REPLAY_AGE):
         assert metric.labels == ("endpoint",)
+
+
+def test_a_phased_execution_is_observed_once_across_its_phases(sink, api, key):
+    assert post(api, "/provision", key, {}).status_code == 201
+    assert [labels for _, labels in observed(sink, metrics.EXECUTION_TIME)] == [
+        {"endpoint": "POST /provision"}
+    ]
+
+
+@pytest.mark.urls("tests.support.ninja_api")
+def test_a_ninja_operation_observes_its_execution_and_its_replays_age(sink, alice):
+    headers = {"HTTP_AUTHORIZATION": f"Bearer {alice.key}", "HTTP_IDEMPOTENCY_KEY": "k-ninja-1"}
+    for _ in range(2):
+        response = Client().post(
+            "/ninja/widgets", {"name": "w", "size": 1}, content_type="application/json", **headers
+        )
+        assert response.status_code == 201
+    ((_, executed_labels),) = observed(sink, metrics.EXECUTION_TIME)
+    ((age, replayed_labels),) = observed(sink, metrics.REPLAY_AGE)
+    assert executed_labels == replayed_labels and "widgets" in executed_labels["endpoint"]
+    assert 0 <= age < 60
