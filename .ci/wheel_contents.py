@@ -22,6 +22,8 @@ REQUIRED = (
     "django_idempotency/management/commands/idempotency_sweep.py",
     "django_idempotency/templates/django_idempotency/browsable_api.html",
     "django_idempotency/static/django_idempotency/browsable_api.js",
+    "django_idempotency/monitoring/alerts.yml",
+    "django_idempotency/monitoring/dashboard.json",
 )
 #: At least one admin template (the app's own change-list and confirmation pages).
 TEMPLATES = "django_idempotency/templates/"

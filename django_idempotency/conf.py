@@ -57,6 +57,9 @@ DEFAULTS: dict[str, Any] = {
     "OWNER_PRESENCE": "auto",
     "HEARTBEAT": False,
     "MAX_WAITERS": 16,
+    # Failure signatures (docs/observability.md#failure-signatures).
+    "LEASE_WARNING_FRACTION": 0.8,
+    "RETENTION_WARNING_FRACTION": 0.8,
 }
 
 
@@ -349,6 +352,24 @@ class IdempotencySettings:
         answered 409 at once instead of waiting.
         """
         return int(self.get("MAX_WAITERS"))
+
+    @property
+    def lease_warning_fraction(self) -> float:
+        """Share of its lease past which an execution counts as near it (0 to 1].
+
+        Such an execution logs a WARNING naming the endpoint and counts in the
+        ``executions_near_lease`` metric (docs/observability.md#failure-signatures).
+        """
+        return float(self.get("LEASE_WARNING_FRACTION"))
+
+    @property
+    def retention_warning_fraction(self) -> float:
+        """Share of its retention window past which a replayed record counts as late.
+
+        Such a replay counts in the ``replays_near_window_end`` metric: a retry that came
+        a little later would have found no record (docs/observability.md).
+        """
+        return float(self.get("RETENTION_WARNING_FRACTION"))
 
 
 conf = IdempotencySettings()

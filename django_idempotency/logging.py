@@ -4,7 +4,9 @@ One line per decision on the ``django_idempotency.events`` logger, with these
 ``extra=`` fields (attributes of the ``LogRecord``, for JSON formatters):
 
 * ``event``: ``claimed``, ``taken_over``, ``replayed``, ``in_flight``, ``key_reused``,
-  ``fenced``, ``released``, ``completed`` or ``store_failed``;
+  ``fenced``, ``released``, ``completed``, ``store_failed`` or ``near_lease`` (an
+  execution ran past ``LEASE_WARNING_FRACTION`` of its lease; with ``duration`` and
+  ``lease`` in seconds);
 * ``endpoint``: ``"POST /v1/workers"``; ``principal``: ``"auth.user:42"``;
 * ``status``: the HTTP status answered or stored (``None`` when the view raised);
 * ``key_hash``: :func:`key_hash` of the key. The key itself is never logged;
@@ -13,9 +15,9 @@ One line per decision on the ``django_idempotency.events`` logger, with these
   ``lease`` (its lease expired) or ``operator`` (an operator ended its lease).
 
 Levels: DEBUG for claims, INFO for replays, completions, releases and 409s, WARNING
-for 422s, takeovers and fenced rollbacks, ERROR for store failures. The receivers are
-connected when the app is ready (``apps.py``); the logger's level decides what is
-written (docs/observability.md).
+for 422s, takeovers, fenced rollbacks and executions near their lease, ERROR for store
+failures. The receivers are connected when the app is ready (``apps.py``); the
+logger's level decides what is written (docs/observability.md).
 """
 
 from __future__ import annotations
@@ -125,6 +127,18 @@ def _store_failed(sender: Any, *, error: BaseException | None = None, **kwargs: 
     _log(logging.DEBUG, "store_failed", 503, kwargs, f" ({type(error).__name__}: {error})")
 
 
+def _executed(
+    sender: Any, *, duration: float, lease: float, near_lease: bool = False, **kwargs: Any
+) -> None:
+    if not near_lease:
+        return
+    note = (
+        f" (ran {duration:.1f} s of its {lease:g} s lease, {duration / lease:.0%}: a retry "
+        "takes the key over once the lease ends; raise the view's lease or heartbeat)"
+    )
+    _log(logging.WARNING, "near_lease", None, kwargs, note, duration=duration, lease=lease)
+
+
 _RECEIVERS = {
     "claimed": _claimed,
     "replayed": _replayed,
@@ -134,6 +148,7 @@ _RECEIVERS = {
     "released": _released,
     "completed": _completed,
     "store_failed": _store_failed,
+    "executed": _executed,
 }
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter as _Tally
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -40,13 +41,17 @@ class Metric:
             adds its namespace and ``_total`` for counters.
         description: one sentence for ``# HELP``.
         labels: the label names every event of this metric carries.
-        kind: ``"counter"`` (counts events) or ``"histogram"`` (observes values).
+        kind: ``"counter"`` (counts events), ``"histogram"`` (observes values) or
+            ``"gauge"`` (its value now: each observation replaces the last).
+        buckets: a histogram's upper bounds in its unit, ascending (``()``: the
+            exporter's default).
     """
 
     name: str
     description: str
     labels: tuple[str, ...]
     kind: str = "counter"
+    buckets: tuple[float, ...] = ()
 
 
 _E = ("endpoint",)
@@ -92,6 +97,32 @@ OUTBOX_DELIVERY_LAG = Metric(
     kind="histogram",
 )
 
+# Failure signatures a correct server cannot prevent (docs/observability.md).
+_SECONDS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 3600)
+EXECUTION_TIME = Metric(
+    "execution_seconds", "Seconds each execution ran under its claim.", _E, "histogram", _SECONDS
+)
+NEAR_LEASE = Metric(
+    "executions_near_lease", "Executions past LEASE_WARNING_FRACTION of their lease.", _E
+)
+_HOURS = (0.25, 1, 3, 6, 12, 18, 22, 24, 36, 48, 72, 168)
+REPLAY_AGE = Metric(
+    "replay_age_seconds",
+    "Age of the record (seconds since its claim) at each replay.",
+    _E,
+    "histogram",
+    (1, 10, 60, 300, *(h * 3600.0 for h in _HOURS)),
+)
+LATE_REPLAYS = Metric(
+    "replays_near_window_end", "Replays past RETENTION_WARNING_FRACTION of the window.", _E
+)
+KEYS_MINTED = Metric(
+    "keys_minted_groups", "Principal+fingerprint groups under several keys (audit).", _E, "gauge"
+)
+AUDIT_TIME = Metric(
+    "keys_minted_audit_timestamp_seconds", "Unix time the last audit finished.", (), "gauge"
+)
+
 #: Every metric :func:`connect` reports, in a stable order.
 METRICS = (
     CLAIMS,
@@ -110,6 +141,12 @@ METRICS = (
     OUTBOX_FAILURES,
     OUTBOX_DEAD,
     OUTBOX_DELIVERY_LAG,
+    EXECUTION_TIME,
+    NEAR_LEASE,
+    REPLAY_AGE,
+    LATE_REPLAYS,
+    KEYS_MINTED,
+    AUDIT_TIME,
 )
 
 
@@ -120,7 +157,10 @@ class MetricsSink(Protocol):
         """Add one to the counter ``metric`` with these label values."""
 
     def observe(self, metric: Metric, value: float, labels: Mapping[str, str]) -> None:
-        """Record ``value`` (seconds for ``*_seconds``) in the histogram ``metric``."""
+        """Record ``value`` (seconds for ``*_seconds``) in ``metric``.
+
+        A histogram observes it; a gauge (``kind == "gauge"``) takes it as its value now.
+        """
 
 
 def _status(value: object) -> str:
@@ -135,6 +175,8 @@ def _events(kwargs: Mapping[str, Any], signal_name: str) -> list[tuple[Metric, d
         if kwargs.get("taken_over"):
             events.append((PRESENCE_TAKEOVERS if kwargs.get("presence") else TAKEOVERS, endpoint))
         return events
+    if signal_name == "executed":
+        return [(NEAR_LEASE, endpoint)] if kwargs.get("near_lease") else []
     if signal_name == "in_flight" and kwargs.get("waiters_full"):
         return [(IN_FLIGHT, endpoint), (WAITERS_FULL, endpoint)]
     simple = {
@@ -147,7 +189,19 @@ def _events(kwargs: Mapping[str, Any], signal_name: str) -> list[tuple[Metric, d
     if signal_name in simple:
         return [(simple[signal_name], endpoint)]
     with_status = {"replayed": REPLAYS, "released": RELEASES, "completed": COMPLETIONS}
-    return [(with_status[signal_name], {**endpoint, "status": _status(kwargs.get("status"))})]
+    events = [(with_status[signal_name], {**endpoint, "status": _status(kwargs.get("status"))})]
+    if signal_name == "replayed" and kwargs.get("near_window_end"):
+        events.append((LATE_REPLAYS, endpoint))
+    return events
+
+
+def _observations(kwargs: Mapping[str, Any], signal_name: str) -> list[tuple[Metric, float]]:
+    """The histogram observations one signal stands for (labelled by its endpoint)."""
+    if signal_name == "executed":
+        return [(EXECUTION_TIME, float(kwargs.get("duration") or 0.0))]
+    if signal_name == "replayed" and kwargs.get("age") is not None:
+        return [(REPLAY_AGE, max(0.0, float(kwargs["age"])))]
+    return []
 
 
 def _signals() -> dict[str, Signal]:
@@ -163,6 +217,8 @@ def _signals() -> dict[str, Signal]:
             "released",
             "completed",
             "store_failed",
+            "executed",
+            "audited",
         )
     }
     found.update(
@@ -173,11 +229,27 @@ def _signals() -> dict[str, Signal]:
     return found
 
 
+def _audited(sink: MetricsSink, kwargs: Mapping[str, Any], reported: set[str]) -> None:
+    """Set the gauges of an audit; endpoints of an earlier audit not found now go to 0."""
+    groups: Mapping[str, int] = kwargs.get("groups") or {}
+    for endpoint in sorted(reported - set(groups)):
+        sink.observe(KEYS_MINTED, 0.0, {"endpoint": endpoint})
+    for endpoint, count in groups.items():
+        sink.observe(KEYS_MINTED, float(count), {"endpoint": str(endpoint)})
+    reported.clear()
+    reported.update(str(endpoint) for endpoint in groups)
+    sink.observe(AUDIT_TIME, time.time(), {})
+
+
 def _receiver(sink: MetricsSink, signal_name: str) -> Callable[..., None]:
     outbox = {"outbox_failed": OUTBOX_FAILURES, "outbox_dead": OUTBOX_DEAD}
+    reported: set[str] = set()  # endpoints whose keys_minted gauge this sink has set
 
     def receive(sender: Any, **kwargs: Any) -> None:
         try:
+            if signal_name == "audited":
+                _audited(sink, kwargs, reported)
+                return
             if signal_name == "outbox_delivered":
                 labels = {"topic": str(sender)}
                 sink.increment(OUTBOX_DELIVERED, labels)
@@ -187,6 +259,8 @@ def _receiver(sink: MetricsSink, signal_name: str) -> Callable[..., None]:
             else:
                 for metric, labels in _events(kwargs, signal_name):
                     sink.increment(metric, labels)
+                for metric, value in _observations(kwargs, signal_name):
+                    sink.observe(metric, value, {"endpoint": str(kwargs.get("endpoint", ""))})
         except Exception:  # a broken sink must never break a request
             logger.warning("metrics sink %r failed on %s", sink, signal_name, exc_info=True)
 

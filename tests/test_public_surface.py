@@ -55,8 +55,11 @@ NAMES: dict[str, tuple[str, ...]] = {
         "RecordState",
     ),
     "django_idempotency.signals": (
+        "audited",
         "claimed",
         "completed",
+        "executed",
+        "execution_near_lease",
         "extended",
         "fenced",
         "in_flight",
@@ -65,6 +68,7 @@ NAMES: dict[str, tuple[str, ...]] = {
         "outbox_delivered",
         "outbox_failed",
         "released",
+        "replay_near_window_end",
         "replayed",
         "store_failed",
         "woken",
@@ -102,7 +106,7 @@ NAMES: dict[str, tuple[str, ...]] = {
     "django_idempotency.inbox.celery": ("idempotent_shared_task", "idempotent_task"),
     "django_idempotency.retention": ("SweepReport", "sweep", "sweep_all"),
     "django_idempotency.store": ("end_leases", "forget_responses"),
-    "django_idempotency.tasks": ("relay_outbox", "sweep"),
+    "django_idempotency.tasks": ("audit_keys_minted", "relay_outbox", "sweep"),
     "django_idempotency.admin": ("IdempotencyRecordAdmin", "OutboxMessageAdmin"),
     "django_idempotency.contrib.openapi": ("IdempotentAutoSchema", "IdempotentSchemaMixin"),
     "django_idempotency.contrib.prometheus": ("install", "uninstall"),
@@ -160,12 +164,13 @@ SETTINGS = frozenset(
         "PARTITION_RECORDS", "PRINCIPAL_RESOLVER", "PROBLEM_TYPE_BASE", "RELEASE_PREDICATE",
         "RELEASE_STATUSES", "REPLAY_DENY_HEADERS", "REPLAY_HEADERS", "REQUIRED", "RETENTION",
         "RETRY_AFTER", "SWEEP_BATCH_SIZE", "UNGUARDED_DATABASES", "WAIT",
+        "LEASE_WARNING_FRACTION", "RETENTION_WARNING_FRACTION",
     }
 )  # fmt: skip
 
 #: System check ids (docs/checks.md): projects silence them by id.
 CHECK_IDS = frozenset(
-    [f"django_idempotency.E{n:03}" for n in range(1, 13)]
+    [f"django_idempotency.E{n:03}" for n in range(1, 14)]
     + [f"django_idempotency.W{n:03}" for n in range(1, 12)]
 )
 
@@ -198,6 +203,7 @@ DOTTED_PATHS = (
     "django_idempotency.contrib.browsable.IdempotentBrowsableAPIRenderer",
     "django_idempotency.tasks.relay_outbox",
     "django_idempotency.tasks.sweep",
+    "django_idempotency.tasks.audit_keys_minted",
 )
 
 TEMPLATES = frozenset(
@@ -303,9 +309,10 @@ def test_the_celery_task_names_are_pinned() -> None:
     """Beat schedules name the tasks; their names never change."""
     from django_idempotency import tasks
 
-    assert (tasks.relay_outbox.name, tasks.sweep.name) == (
+    assert (tasks.relay_outbox.name, tasks.sweep.name, tasks.audit_keys_minted.name) == (
         "django_idempotency.relay_outbox",
         "django_idempotency.sweep",
+        "django_idempotency.audit_keys_minted",
     )
 
 
@@ -314,6 +321,7 @@ def test_the_management_commands_are_pinned() -> None:
     commands = get_commands()
 
     assert {name for name, app in commands.items() if app == "django_idempotency"} == {
+        "idempotency_audit",
         "idempotency_records",
         "idempotency_relay",
         "idempotency_sweep",

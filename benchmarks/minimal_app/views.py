@@ -135,7 +135,8 @@ class ItemCreateSql(APIView):
                     "request_path": request.path,
                 },
             )
-            won, record_id, *_rest, sweep_after = cursor.fetchone()
+            row = dict(zip([c.name for c in cursor.description], cursor.fetchone(), strict=True))
+            won, record_id, sweep_after = row["won"], row["id"], row["sweep_after"]
             if not won:
                 return Response(status=409)
             completion = {

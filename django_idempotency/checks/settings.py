@@ -66,6 +66,7 @@ def check_settings(
         )
     errors.extend(_check_durations())
     errors.extend(_check_retention())
+    errors.extend(_check_fractions())
     forbidden = sorted(h for h in conf.replay_headers if h.lower() in FORBIDDEN_HEADERS)
     if forbidden:
         errors.append(
@@ -117,6 +118,22 @@ def _check_durations() -> Iterator[CheckMessage]:
             "forgotten before it finishes.",
             id="django_idempotency.E003",
         )
+
+
+def _check_fractions() -> Iterator[CheckMessage]:
+    """E013: the failure signatures' fractions (docs/observability.md#failure-signatures)."""
+    for name in ("LEASE_WARNING_FRACTION", "RETENTION_WARNING_FRACTION"):
+        try:
+            value = float(conf.get(name))
+        except (TypeError, ValueError):
+            value = -1.0
+        if not 0 < value <= 1:
+            yield Error(
+                f"IDEMPOTENCY['{name}'] must be a number above 0 and at most 1 "
+                f"(it is {_raw(name)}).",
+                hint="A share of the lease or of the retention window; the default is 0.8.",
+                id="django_idempotency.E013",
+            )
 
 
 def _check_retention() -> Iterator[CheckMessage]:

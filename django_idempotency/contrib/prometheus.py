@@ -9,11 +9,14 @@ Call :func:`install` once, when the apps are ready (your ``AppConfig.ready()``):
 It registers, in ``prometheus_client``'s default registry (or ``registry=``), one
 counter per event of ``django_idempotency.metrics`` (``django_idempotency_replays_total``,
 ``..._in_flight_conflicts_total``, ``..._key_reuses_total``, ``..._takeovers_total``,
-``..._fenced_rollbacks_total`` ...), the histogram ``..._outbox_delivery_lag_seconds``
-and the outbox gauges (``..._outbox_lag_seconds``, ``..._outbox_due_messages``,
-``..._outbox_dead_messages`` ...), read from the database at each scrape. Expose the
+``..._fenced_rollbacks_total`` ...), the histograms ``..._outbox_delivery_lag_seconds``,
+``..._execution_seconds`` and ``..._replay_age_seconds``, the gauges the keys-minted
+audit sets (``..._keys_minted_groups``) and the outbox gauges
+(``..._outbox_lag_seconds``, ``..._outbox_due_messages``, ``..._outbox_dead_messages``
+...), read from the database at each scrape. Expose the
 registry as you already do (``django-prometheus``, ``prometheus_client.start_http_server``,
-``make_wsgi_app``). Metric names and alert rules: docs/observability.md.
+``make_wsgi_app``). Metric names: docs/observability.md; alert rules and a Grafana
+dashboard ship in ``django_idempotency/monitoring/`` (docs/operations.md).
 
 ``prometheus_client`` is imported when this module is, never by the rest of the app.
 """
@@ -24,7 +27,7 @@ import logging
 from collections.abc import Iterator, Mapping
 
 from django.db import DatabaseError, connections
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -42,7 +45,10 @@ LAG_BUCKETS = (0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 1800, 3600, 4 * 3600, 
 class PrometheusSink:
     """A metrics sink writing ``prometheus_client`` instruments.
 
-    One counter or histogram per metric of ``django_idempotency.metrics.METRICS``.
+    One counter, histogram or gauge per metric of ``django_idempotency.metrics.METRICS``;
+    a histogram's buckets are the metric's own (``Metric.buckets``), else
+    :data:`LAG_BUCKETS`. Gauges keep the most recent value across processes in
+    ``prometheus_client``'s multiprocess mode.
 
     Args:
         registry: where the instruments are registered (default: the global one).
@@ -51,7 +57,7 @@ class PrometheusSink:
 
     def __init__(self, registry: CollectorRegistry = REGISTRY, namespace: str = NAMESPACE) -> None:
         self.registry = registry
-        self.instruments: dict[str, Counter | Histogram] = {}
+        self.instruments: dict[str, Counter | Histogram | Gauge] = {}
         for metric in metrics.METRICS:
             if metric.kind == "histogram":
                 self.instruments[metric.name] = Histogram(
@@ -60,7 +66,16 @@ class PrometheusSink:
                     metric.labels,
                     namespace=namespace,
                     registry=registry,
-                    buckets=LAG_BUCKETS,
+                    buckets=(*metric.buckets, float("inf")) if metric.buckets else LAG_BUCKETS,
+                )
+            elif metric.kind == "gauge":
+                self.instruments[metric.name] = Gauge(
+                    metric.name,
+                    metric.description,
+                    metric.labels,
+                    namespace=namespace,
+                    registry=registry,
+                    multiprocess_mode="mostrecent",
                 )
             else:
                 self.instruments[metric.name] = Counter(
@@ -78,10 +93,14 @@ class PrometheusSink:
         counter.labels(**labels).inc()
 
     def observe(self, metric: metrics.Metric, value: float, labels: Mapping[str, str]) -> None:
-        """Observe ``value`` in the histogram for ``metric``."""
-        histogram = self.instruments[metric.name]
-        assert isinstance(histogram, Histogram)
-        histogram.labels(**labels).observe(value)
+        """Observe ``value`` in the histogram for ``metric``, or set its gauge to it."""
+        instrument = self.instruments[metric.name]
+        child = instrument.labels(**labels) if labels else instrument
+        if isinstance(child, Gauge):
+            child.set(value)
+        else:
+            assert isinstance(child, Histogram)
+            child.observe(value)
 
     def unregister(self) -> None:
         """Remove the instruments from the registry."""

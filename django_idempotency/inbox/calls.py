@@ -11,6 +11,7 @@ import hashlib
 import inspect
 import json
 import logging
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import wraps
@@ -24,6 +25,7 @@ from django_idempotency.exceptions import InFlight, KeyReused, UnstorableResult
 from django_idempotency.logging import key_hash
 from django_idempotency.protocol.begin import fit
 from django_idempotency.protocol.context import IdempotencyContext, running
+from django_idempotency.protocol.execute import executed
 from django_idempotency.protocol.keys import check_key
 from django_idempotency.store import presence
 from django_idempotency.store.routing import record_database
@@ -218,6 +220,7 @@ def once(
             raise
         context = IdempotencyContext(claim, lease=lease)
         attempt = Attempt(done=False, result=None, context=context)
+        started = time.monotonic()
         try:
             with (
                 context.activated(),
@@ -244,6 +247,7 @@ def once(
             raise
         finally:
             presence.ensure_released(claim)  # the settling statement normally did it
+            executed(claim, time.monotonic() - started, lease, context.lease_renewed)
         signals.completed.send(scope.endpoint, status=_RESULT_STATUS, **_kw(scope))
 
 
@@ -266,7 +270,14 @@ def _existing(scope: store.Scope, fp: str, found: store.Existing) -> Attempt:
     if found.response is None:
         signals.in_flight.send(scope.endpoint, **_kw(scope))
         raise InFlight(scope.endpoint, found.lease_remaining)
-    signals.replayed.send(scope.endpoint, status=found.response.status, **_kw(scope))
+    signals.replayed.send(
+        scope.endpoint,
+        status=found.response.status,
+        age=found.age,
+        window=found.window,
+        near_window_end=signals.replay_near_window_end(found.age, found.window),
+        **_kw(scope),
+    )
     stored = json.loads(found.response.body) if found.response.replayable else None
     return Attempt(done=True, result=stored, context=None)
 

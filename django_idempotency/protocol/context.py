@@ -98,6 +98,8 @@ class IdempotencyContext:
         self.phases = phases
         self.open_phase = ""
         self._outbox_counts: dict[tuple[str, str], int] = {}
+        #: Whether :meth:`extend_lease` extended the lease (the ``executed`` signal).
+        self.lease_renewed = False
         #: The running execution this one was called from, while it is active.
         self._caller: IdempotencyContext | None = None
 
@@ -116,7 +118,9 @@ class IdempotencyContext:
             ``False`` if the claim was already taken over: stop and raise, the
             completion would be fenced off anyway.
         """
-        return store.extend(self._claim, self._lease if seconds is None else seconds)
+        kept = store.extend(self._claim, self._lease if seconds is None else seconds)
+        self.lease_renewed = self.lease_renewed or kept
+        return kept
 
     def derive_key(self, name: str) -> str:
         """A stable sub-key for a downstream system: same key, same ``name``, same result.

@@ -121,7 +121,14 @@ def decide(
             signals.mismatched.send(scope.endpoint, **signal_kwargs)
             return _reused(options, differing_parts(result.fingerprint, fp.value))
         if result.response is not None:
-            signals.replayed.send(scope.endpoint, status=result.response.status, **signal_kwargs)
+            signals.replayed.send(
+                scope.endpoint,
+                status=result.response.status,
+                age=result.age,
+                window=result.window,
+                near_window_end=signals.replay_near_window_end(result.age, result.window),
+                **signal_kwargs,
+            )
             policy = HeaderPolicy.current(options.get_replay_headers())
             if not result.response.replayable:
                 return Respond(_too_large_to_replay(result.response, policy))

@@ -17,6 +17,7 @@ at ``COMMIT``) is a store failure, answered 503 (docs/robustness.md).
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -95,13 +96,36 @@ def execute(
     )
     caller = getattr(request, "idempotency", None)  # a calling view's, on its request
     attach(request, context)
+    lease, beat = options.get_lease(), None
+    started = time.monotonic()
     try:
-        with heartbeat.beating(claim, options.get_lease(), options.get_heartbeat()):
+        with heartbeat.beating(claim, lease, options.get_heartbeat()) as beat:
             return _execute(context, options, call, finalize, proceed.view_name)
     finally:
         presence.ensure_released(claim)  # the settling statement normally did it
         if isinstance(caller, IdempotencyContext):  # the caller's own again
             attach(request, caller)
+        renewed = beat is not None or context.lease_renewed
+        executed(claim, time.monotonic() - started, lease, renewed)
+
+
+def executed(claim: store.Claim, duration: float, lease: float, renewed: bool) -> None:
+    """Send the ``executed`` signal of an execution that ran ``duration`` seconds.
+
+    Args:
+        claim: the execution's claim.
+        duration: seconds from its start under the claim to its end.
+        lease: seconds of the lease the claim was granted.
+        renewed: the lease was extended while it ran (heartbeat or ``extend_lease``).
+    """
+    signals.executed.send(
+        claim.scope.endpoint,
+        duration=duration,
+        lease=lease,
+        renewed=renewed,
+        near_lease=signals.execution_near_lease(duration, lease, renewed),
+        **_kw(claim),
+    )
 
 
 def _execute(

@@ -69,7 +69,13 @@ def existing_from_row(row: dict[str, Any]) -> Existing:
         recovery_point=row["recovery_point"] or "",
         owner_pid=row.get("owner_pid"),
         ended_by_operator=bool(row.get("ended_by_operator")),
+        age=_seconds(row.get("age_seconds")),
+        window=_seconds(row.get("window_seconds")),
     )
+
+
+def _seconds(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def scope_filter(scope: Scope) -> dict[str, str]:
@@ -119,7 +125,11 @@ def fetch(scope: Scope, *, using: str | None = None) -> Existing | None:
     lease_until = clock.from_db(values["lease_until"], connection)
     values["ended_by_operator"] = values["lease_until"] == values["created_at"]
     values["lease_remaining"] = (lease_until - now).total_seconds()
-    values["expired"] = clock.from_db(values["expires_at"], connection) <= now
+    expires_at = clock.from_db(values["expires_at"], connection)
+    values["expired"] = expires_at <= now
+    created_at = clock.from_db(values["created_at"], connection)
+    values["age_seconds"] = (now - created_at).total_seconds()
+    values["window_seconds"] = (expires_at - created_at).total_seconds()
     return existing_from_row(values)
 
 

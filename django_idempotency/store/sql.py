@@ -13,6 +13,10 @@ _NOW = "(statement_timestamp() + %(clock_offset)s * interval '1 second')"
 _T = "django_idempotency_record"
 #: The end of a new claim's retention window: never before its lease ends.
 _WINDOW_END = f"{_NOW} + GREATEST(%(retention)s, %(lease)s) * interval '1 second'"
+#: A collided record's age (seconds since its claim) and its retention window's length
+#: (seconds from its claim to ``expires_at``), for the replay-age metric.
+_AGE = f"EXTRACT(EPOCH FROM {_NOW} - created_at)::float8"
+_WINDOW = "EXTRACT(EPOCH FROM expires_at - created_at)::float8"
 
 #: Seed of ``hashtextextended`` for a record's presence lock: a session-level advisory
 #: lock (one-bigint form) the owner's session holds from its claim to its completion
@@ -98,17 +102,18 @@ SELECT true AS won, id, NULL::uuid AS owner_token, NULL::varchar AS state,
        NULL::int AS response_status, NULL::jsonb AS response_headers,
        NULL::bytea AS response_body,
        EXTRACT(EPOCH FROM clock_timestamp() - statement_timestamp())::float8 AS waited,
-       owner_pid, {_HOLD} AS present, false AS by_presence
+       owner_pid, {_HOLD} AS present, false AS by_presence,
+       NULL::float8 AS age_seconds, NULL::float8 AS window_seconds
 FROM claimed
 UNION ALL
 SELECT true, id, NULL, NULL, NULL, recovery_point, NULL, NULL, NULL, NULL, NULL, NULL,
-       owner_pid, {_HOLD}, true
+       owner_pid, {_HOLD}, true, NULL, NULL
 FROM taken
 UNION ALL
 SELECT false, id, owner_token, state, fingerprint, recovery_point,
        EXTRACT(EPOCH FROM lease_until - {_NOW})::float8, expires_at <= {_NOW},
        response_status, response_headers, response_body, NULL::float8,
-       owner_pid, false, false
+       owner_pid, false, false, {_AGE}, {_WINDOW}
 FROM {_T}
 WHERE principal = %(principal)s AND endpoint = %(endpoint)s AND key = %(key)s
   AND NOT EXISTS (SELECT 1 FROM claimed) AND NOT EXISTS (SELECT 1 FROM taken)
@@ -120,7 +125,8 @@ SELECT false AS won, id, owner_token, state, fingerprint, recovery_point,
        EXTRACT(EPOCH FROM lease_until - {_NOW})::float8 AS lease_remaining,
        expires_at <= {_NOW} AS expired,
        response_status, response_headers, response_body, owner_pid,
-       lease_until = created_at AS ended_by_operator
+       lease_until = created_at AS ended_by_operator,
+       {_AGE} AS age_seconds, {_WINDOW} AS window_seconds
 FROM {_T}
 WHERE principal = %(principal)s AND endpoint = %(endpoint)s AND key = %(key)s
 """
@@ -262,7 +268,7 @@ def pg_now() -> tuple[str, list[float]]:
 PG_PARTITIONED_CLAIM_SQL = """
 SELECT won, id, owner_token, state, fingerprint, recovery_point, lease_remaining,
        expired, response_status, response_headers, response_body, owner_pid, present,
-       by_presence, sweep_after AT TIME ZONE 'UTC' AS sweep_after
+       by_presence, sweep_after AT TIME ZONE 'UTC' AS sweep_after, age_seconds, window_seconds
 FROM django_idempotency_claim(
     %(principal)s::varchar, %(endpoint)s::varchar, %(key)s::varchar,
     %(fingerprint)s::varchar, %(token)s::uuid, %(lease)s::float8,

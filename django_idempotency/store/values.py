@@ -93,6 +93,8 @@ class Existing:
     says the retention window is over; ``response`` is set once completed.
     ``owner_pid`` is set when the owner's session holds the presence lock.
     ``ended_by_operator``: an operator ended the claim's lease (``operators.end_leases``).
+    ``age``: seconds since the record was claimed; ``window``: seconds from its claim to
+    the end of its retention window (``None`` where unknown).
     """
 
     record_id: int
@@ -105,6 +107,8 @@ class Existing:
     recovery_point: str = ""
     owner_pid: int | None = None
     ended_by_operator: bool = False
+    age: float | None = None
+    window: float | None = None
 
     @property
     def completed(self) -> bool:

@@ -53,6 +53,14 @@ def test_e003_names_the_values_that_clash():
     assert "(they are 'soon', 86400" in message.msg, message.msg
 
 
+@pytest.mark.parametrize("name", ["LEASE_WARNING_FRACTION", "RETENTION_WARNING_FRACTION"])
+@pytest.mark.parametrize("value", [0, 1.5, -0.2, "most"])
+def test_e013_a_warning_fraction_outside_0_to_1(name, value):
+    with override_settings(IDEMPOTENCY={name: value}):
+        (message,) = check_settings()
+    assert message.id == "django_idempotency.E013" and name in message.msg
+
+
 @override_settings(IDEMPOTENCY={"REPLAY_HEADERS": ["X-Version", "Set-Cookie", "traceparent"]})
 def test_e004_forbidden_replay_headers():
     (message,) = check_settings()

@@ -2479,6 +2479,60 @@ def enter_schema(""",
         backends=(PG,),
         what="a relay run from a tenant starts its handlers' threads and marks' writer in public",
     ),
+    # Failure signatures: headroom to the lease, replay age, keys minted per attempt.
+    m(
+        "FS1",
+        "signals.py",
+        "    return not renewed and lease > 0 and duration >= conf.lease_warning_fraction * lease",
+        "    return lease > 0 and duration >= conf.lease_warning_fraction * lease",
+        tests=(
+            "tests/test_failure_signatures.py::"
+            "test_an_execution_that_extended_its_lease_is_not_near_it",
+        ),
+        what="an execution that renewed its lease counts as near it",
+    ),
+    m(
+        "FS2",
+        "signals.py",
+        "    return age >= conf.retention_warning_fraction * window",
+        "    return age >= window",
+        tests=(
+            "tests/test_failure_signatures.py::"
+            "test_a_replay_near_the_end_of_the_retention_window_counts",
+        ),
+        what="a replay near the end of its record's window is not counted",
+    ),
+    m(
+        "FS3",
+        "management/audit.py",
+        "    WHERE created_at >= %s\n",
+        "    WHERE created_at >= %s OR true\n",
+        tests=("tests/test_audit_command.py::test_the_audit_counts_only_claims_within_its_window",),
+        what="the audit reads every record, not the window's",
+    ),
+    m(
+        "FS4",
+        "metrics.py",
+        "    for endpoint in sorted(reported - set(groups)):\n"
+        '        sink.observe(KEYS_MINTED, 0.0, {"endpoint": endpoint})\n',
+        "",
+        tests=(
+            "tests/test_audit_command.py::"
+            "test_the_audit_sets_the_gauge_and_zeroes_an_endpoint_no_longer_found",
+        ),
+        what="an endpoint no longer found by the audit keeps its last gauge value",
+    ),
+    m(
+        "FS5",
+        "tasks.py",
+        '    if all("counts" in each for each in reports):\n',
+        "    if True:\n",
+        tests=(
+            "tests/test_audit_command.py::"
+            "test_an_audit_task_run_that_missed_a_database_leaves_the_gauges",
+        ),
+        what="an audit run that missed a database zeroes the keys-minted gauges",
+    ),
 ]
 
 

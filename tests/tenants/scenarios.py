@@ -25,6 +25,7 @@ from django.test import Client
 from django_tenants.utils import schema_context
 
 from django_idempotency import tasks
+from django_idempotency.management import audit
 from django_idempotency.models import IdempotencyRecord, OutboxMessage, OutboxState
 from django_idempotency.retention import partitions
 from django_idempotency.store import catalog
@@ -226,3 +227,20 @@ def test_the_relay_loop_takes_up_a_new_tenant_and_lets_a_dropped_one_go() -> Non
     finally:
         tenant.delete(force_drop=True)
     assert discover() == set(SCHEMAS)
+
+
+def test_the_audit_finds_keys_minted_per_attempt_in_every_schema() -> None:
+    item = f"audit-{uuid.uuid4().hex[:8]}"  # a request no other scenario sends
+    fingerprints = {}
+    for schema in (*PARTITIONED[:1], *PLAIN[:1]):
+        keys = [str(uuid.uuid4()) for _ in range(2)]
+        for key in keys:  # one client, one request, a new key per attempt
+            assert order(schema, key, item).status_code == 201
+        (record,) = records(schema, keys[0])
+        fingerprints[schema] = record.fingerprint
+
+    report = audit.keys_minted(3600, limit=1000, send=False)
+
+    ours = [g for g in report.groups if fingerprints.get(g.schema) == g.fingerprint]
+    assert {group.schema: group.keys for group in ours} == dict.fromkeys(fingerprints, 2)
+    assert report.counts[ours[0].endpoint] >= 2  # counted over both schemas

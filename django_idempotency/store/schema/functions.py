@@ -152,7 +152,8 @@ CREATE OR REPLACE FUNCTION django_idempotency_claim(
     won boolean, id bigint, owner_token uuid, state varchar, fingerprint varchar,
     recovery_point varchar, lease_remaining float8, expired boolean,
     response_status integer, response_headers jsonb, response_body bytea,
-    owner_pid integer, present boolean, by_presence boolean, sweep_after timestamptz
+    owner_pid integer, present boolean, by_presence boolean, sweep_after timestamptz,
+    age_seconds float8, window_seconds float8
 ) LANGUAGE plpgsql VOLATILE AS $fn$
 #variable_conflict use_column
 DECLARE
@@ -198,7 +199,7 @@ BEGIN{_READ_COMMITTED_ONLY}
                 RETURN QUERY SELECT true, v_row.id, NULL::uuid, NULL::varchar,
                     NULL::varchar, v_row.recovery_point, NULL::float8, NULL::boolean,
                     NULL::integer, NULL::jsonb, NULL::bytea, v_pid, v_pid IS NOT NULL, true,
-                    v_row.sweep_after;
+                    v_row.sweep_after, NULL::float8, NULL::float8;
                 RETURN;
             END IF;
         END IF;
@@ -210,7 +211,8 @@ BEGIN{_READ_COMMITTED_ONLY}
                 EXTRACT(EPOCH FROM v_row.lease_until - v_now)::float8,
                 v_row.expires_at <= v_now, v_row.response_status::integer,
                 v_row.response_headers, v_row.response_body, v_row.owner_pid, false, false,
-                v_row.sweep_after;
+                v_row.sweep_after, EXTRACT(EPOCH FROM v_now - v_row.created_at)::float8,
+                EXTRACT(EPOCH FROM v_row.expires_at - v_row.created_at)::float8;
             RETURN;
         END IF;
         -- Past its retention window and its lease: the key is new. Delete the row
@@ -254,7 +256,7 @@ BEGIN{_READ_COMMITTED_ONLY}
     END IF;
     RETURN QUERY SELECT true, v_id, NULL::uuid, NULL::varchar, NULL::varchar,
         ''::varchar, NULL::float8, NULL::boolean, NULL::integer, NULL::jsonb,
-        NULL::bytea, v_pid, v_pid IS NOT NULL, false, v_expires;
+        NULL::bytea, v_pid, v_pid IS NOT NULL, false, v_expires, NULL::float8, NULL::float8;
 END
 $fn$;
 """
