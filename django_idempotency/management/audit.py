@@ -29,7 +29,7 @@ from django_idempotency.models import IdempotencyRecord, RecordState
 from django_idempotency.store import clock
 from django_idempotency.store.routing import record_database
 from django_idempotency.store.rows import sqlstate_of
-from django_idempotency.store.tenants import targets, use_schema
+from django_idempotency.store.tenants import dropped_during, targets, use_schema
 
 #: The Celery task's name (``django_idempotency.tasks.audit_keys_minted``).
 AUDIT_TASK = "django_idempotency.audit_keys_minted"
@@ -147,8 +147,13 @@ def keys_minted(
     report = AuditReport(using, window, now)
     since = clock.to_db(now - dt.timedelta(seconds=window), connection)
     for alias, schema in targets((using,)):
-        with use_schema(alias, schema):
-            rows = _query(alias, since, limit, timeout)
+        try:
+            with use_schema(alias, schema):
+                rows = _query(alias, since, limit, timeout)
+        except DatabaseError as exc:
+            if not dropped_during(alias, schema, exc, "keys-minted audit"):
+                raise
+            continue
         for endpoint, principal, fingerprint, keys, completed, first, last in rows:
             if principal is None:
                 report.counts[endpoint] += int(keys)

@@ -86,7 +86,9 @@ def _orders_everywhere() -> None:
         assert order(schema, str(uuid.uuid4())).status_code == 201
 
 
-@pytest.mark.parametrize("runner", ["relay command", "relay task", "sweep command", "sweep task"])
+@pytest.mark.parametrize(
+    "runner", ["relay command", "relay task", "sweep command", "sweep task", "audit task"]
+)
 def test_a_tenant_deleted_during_a_pass_is_skipped_and_the_others_done(
     runner: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -103,6 +105,8 @@ def test_a_tenant_deleted_during_a_pass_is_skipped_and_the_others_done(
             tasks.relay_outbox()
         elif runner == "sweep command":
             call_command("idempotency_sweep", stdout=out)
+        elif runner == "audit task":
+            report = tasks.audit_keys_minted()
         else:
             report = tasks.sweep()
 
@@ -112,6 +116,8 @@ def test_a_tenant_deleted_during_a_pass_is_skipped_and_the_others_done(
     elif runner == "sweep command":
         for schema in SCHEMAS:
             assert f"schema '{schema}'" in out.getvalue()
+    elif runner == "audit task":
+        assert [each.get("error") for each in report["databases"]] == [None]  # type: ignore[union-attr]
     else:
         assert {each["schema"] for each in report["databases"]} >= set(SCHEMAS)
     if not BOTH:  # delta's statements found no table (with both lists, public's)
