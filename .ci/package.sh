@@ -33,7 +33,7 @@ rm -rf dist
 "$PYTHON" -m venv "$SCRATCH/installed"
 "$SCRATCH/installed/bin/python" -m pip install --quiet --upgrade pip
 "$SCRATCH/installed/bin/python" -m pip install --quiet dist/*.whl \
-  "django-environ>=0.11" "httpx>=0.27" "psycopg[binary]>=3.1" "celery>=5.3"
+  "django-environ>=0.11" "httpx>=0.27" "stamina>=25.1" "psycopg[binary]>=3.1" "celery>=5.3"
 cp -r example_project "$SCRATCH/example_project"
 rm -rf "$SCRATCH/example_project/var"
 cd "$SCRATCH/example_project"

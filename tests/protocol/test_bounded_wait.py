@@ -41,7 +41,7 @@ def test_a_duplicate_waiting_on_an_owner_without_presence_pauses_between_claims(
     try:
         with CaptureQueriesContext(connection) as log:
             decision = decide(
-                scope, Fingerprint(FP, ()), Options(wait=0.6), "default", may_run=True
+                scope, Fingerprint(FP), Options(wait=0.6), "default", may_run=True
             )
         assert isinstance(decision, Respond) and decision.response.status_code == 409
         assert json.loads(decision.response.content)["type"].endswith("request-in-flight")
