@@ -40,9 +40,7 @@ def test_a_duplicate_waiting_on_an_owner_without_presence_pauses_between_claims(
     settings.IDEMPOTENCY = {}
     try:
         with CaptureQueriesContext(connection) as log:
-            decision = decide(
-                scope, Fingerprint(FP), Options(wait=0.6), "default", may_run=True
-            )
+            decision = decide(scope, Fingerprint(FP), Options(wait=0.6), "default", may_run=True)
         assert isinstance(decision, Respond) and decision.response.status_code == 409
         assert json.loads(decision.response.content)["type"].endswith("request-in-flight")
         # Claims at 0, 0.05, 0.15, 0.35 and 0.6 s (pauses of 50 ms doubling): the
