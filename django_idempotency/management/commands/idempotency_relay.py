@@ -23,7 +23,7 @@ from django.db import DatabaseError, connections
 from django.utils.translation import ngettext
 
 from django_idempotency.conf import conf
-from django_idempotency.management.jobs import UNAVAILABLE, GracefulStop, Outage
+from django_idempotency.management.jobs import UNAVAILABLE, GracefulStop, Outage, OwnConnections
 from django_idempotency.outbox import relay
 from django_idempotency.store import tenants
 from django_idempotency.store.routing import all_databases
@@ -87,6 +87,12 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:  # noqa: D102
+        # The connections it opens on the calling thread are closed when it returns,
+        # its relays' threads close theirs: a process that lives on keeps no session.
+        with OwnConnections():
+            self._relay(options)
+
+    def _relay(self, options: dict[str, Any]) -> None:
         batch_size = options["batch_size"]
         if batch_size is None:
             batch_size = conf.outbox_batch_size
