@@ -2541,6 +2541,18 @@ def enter_schema(""",
         backends=(PG,),
         what="the relay command closes the caller's connection, open before it ran",
     ),
+    m(
+        "RC6",
+        "management/commands/idempotency_relay.py",
+        'dropped_during(*target, exc, "outbox relay") and error is None:\n',
+        'dropped_during(*target, exc, "outbox relay"):\n                    raise\n',
+        tests=(
+            "tests/outbox/test_relay_connections.py::"
+            "test_a_relay_that_fails_to_close_does_not_keep_the_others_open",
+        ),
+        backends=(PG,),
+        what="a relay that fails to close leaves the command's other relays and threads open",
+    ),
 ]
 
 

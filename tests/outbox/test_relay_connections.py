@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
-from django.db import connections, transaction
+from django.db import OperationalError, ProgrammingError, connections, transaction
 from django.db.backends.signals import connection_created
 
 from django_idempotency import outbox, signals
@@ -32,6 +32,7 @@ from tests.support.pgbouncer import NOT_POOLED
 pytestmark = [pytest.mark.postgres, NOT_POOLED, pytest.mark.django_db(transaction=True)]
 
 TOPIC = "connections.topic"
+REPLICA = "connections.replica"
 WRITER = "outbox-marks-writer"
 
 
@@ -181,3 +182,64 @@ def test_the_relay_command_leaves_the_callers_open_connection_open(opened, setti
     assert live([caller]) == [caller]
     states = OutboxMessage.objects.filter(pk__in=ids).values_list("state", flat=True)
     assert set(states) == {OutboxState.SENT}
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "replica"])
+def test_a_relay_that_fails_to_close_does_not_keep_the_others_open(opened, settings):
+    """Two databases; the last marks of the first are refused by an error that is not
+    an outage (a bug, a deployment mistake): the command still closes the second's
+    relay (its marks written, its writer's session ended), then raises the error."""
+    settings.IDEMPOTENCY = {
+        "OUTBOX_KICK": False,
+        "OUTBOX_MARK_DELAY": 0.05,
+        "DATABASES": ["default", "replica"],
+    }
+    with transaction.atomic(using="default"):
+        outbox.enqueue(TOPIC, {"n": 0})
+    with transaction.atomic(using="replica"):
+        replica_ids = [outbox.enqueue(REPLICA, {"n": i}, using="replica").pk for i in range(2)]
+    written = threading.Event()
+
+    def on_delivered(sender: str, **kwargs: object) -> None:
+        if sender == REPLICA and threading.current_thread().name == WRITER:
+            written.set()
+
+    def on_replica(message: OutboxMessage, dedup_key: str) -> None:
+        if message.pk == replica_ids[1]:
+            assert written.wait(30)  # the replica's writer wrote the first mark (connected)
+
+    def refuse(error: type[Exception]) -> Any:
+        def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+            if "SET state = 'sent'" in sql:
+                raise error("marks refused")
+            return execute(sql, params, many, context)
+
+        return wrapper
+
+    def on_connect(sender: object, connection: Any, **kwargs: object) -> None:
+        if connection.alias == "default" and threading.current_thread().name == WRITER:
+            connection.execute_wrappers.append(refuse(OperationalError))  # retried
+
+    outbox.register(TOPIC)(lambda message, key: None)
+    outbox.register(REPLICA)(on_replica)
+    signals.outbox_delivered.connect(on_delivered)
+    connection_created.connect(on_connect)
+    try:
+        with (
+            connections["default"].execute_wrapper(refuse(ProgrammingError)),
+            pytest.raises(ProgrammingError, match="marks refused"),
+        ):
+            call_command("idempotency_relay", "--once", stdout=io.StringIO())
+        writers = [
+            pid for thread, w, pid in opened.seen if thread == WRITER and w.alias == "replica"
+        ]
+        assert writers  # the replica's writer had connected
+        wait_for(lambda: not live(writers), timeout=10)
+        assert WRITER not in {thread.name for thread in threading.enumerate()}
+    finally:
+        connection_created.disconnect(on_connect)
+        signals.outbox_delivered.disconnect(on_delivered)
+        outbox.unregister(TOPIC)
+        outbox.unregister(REPLICA)
+    sent = OutboxMessage.objects.using("replica").filter(pk__in=replica_ids)
+    assert set(sent.values_list("state", flat=True)) == {OutboxState.SENT}

@@ -246,16 +246,24 @@ class Command(BaseCommand):
             gone.close()
 
     def _close(self, relays: dict[Target, relay.Relay]) -> dict[Target, tuple[int, BaseException]]:
-        """Close every relay (its last marks); the marks the database refused, by target."""
+        """Close every relay (its last marks); the marks the database refused, by target.
+
+        Every relay is closed (its marks written, its threads and their connections
+        ended) even when an earlier one fails with an error that is not an outage;
+        the first such error is raised after.
+        """
         unmarked: dict[Target, tuple[int, BaseException]] = {}
+        error: DatabaseError | None = None
         for target, each in list(relays.items()):
             try:
                 each.close()
             except UNAVAILABLE as exc:
                 unmarked[target] = (each.unmarked, exc)
             except DatabaseError as exc:
-                if not tenants.dropped_during(*target, exc, "outbox relay"):
-                    raise
+                if not tenants.dropped_during(*target, exc, "outbox relay") and error is None:
+                    error = exc
+        if error is not None:
+            raise error
         return unmarked
 
 
