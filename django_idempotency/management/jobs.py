@@ -28,7 +28,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from django.db import InterfaceError, OperationalError, connections
+from django.db import DatabaseError, InterfaceError, OperationalError, connections
 
 #: The errors that mean "the database is unavailable": retried, not raised.
 UNAVAILABLE: tuple[type[Exception], ...] = (OperationalError, InterfaceError)
@@ -199,3 +199,33 @@ class GracefulStop:
             pass
         finally:
             self._idle = False
+
+
+class OwnConnections:
+    """The calling thread's database connections a job opens, closed when the block ends.
+
+    A process that runs the job and lives on (a Celery worker, a script or a test
+    calling ``call_command``) keeps no server session of it: each connection of the
+    calling thread that was not open when the block started is closed when it ends,
+    however it ends (a return, ``SIGTERM``, an exception). A connection open before
+    (the caller's) is left open, and so is one inside a transaction (``atomic``).
+    Connections of the job's own threads are closed by those threads.
+    """
+
+    def __init__(self) -> None:
+        self._open: set[str] = set()
+
+    def __enter__(self) -> OwnConnections:
+        self._open = {
+            conn.alias
+            for conn in connections.all(initialized_only=True)
+            if conn.connection is not None
+        }
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        for conn in connections.all(initialized_only=True):
+            if conn.alias in self._open or conn.connection is None or conn.in_atomic_block:
+                continue
+            with contextlib.suppress(DatabaseError):  # a broken connection is closed anyway
+                conn.close()

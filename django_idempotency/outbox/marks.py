@@ -288,7 +288,7 @@ class Marks:
             self._oldest = time.monotonic() - self.max_age  # due: they are old
 
     def _watch(self) -> None:
-        """The watchdog: write the group when its deadline passes; own connection.
+        """The watchdog: write the group when its deadline passes; own connections.
 
         It outlives failures: after any error (the database down, its connection
         terminated, a ``delivered`` receiver raising) it closes its connection, so the
@@ -325,13 +325,20 @@ class Marks:
                     logger.info("outbox marks written again after %d failed tries", failures)
                     failures = 0
         finally:
-            _close_connection(self.using)
+            _close_connections()  # a ``delivered`` receiver may have used other aliases
 
 
 def _earliest(*lefts: float | None) -> float | None:
     """The smallest of the seconds given; ``None`` if none is."""
     known = [left for left in lefts if left is not None]
     return min(known) if known else None
+
+
+def _close_connections() -> None:
+    """Close every connection of this thread, broken or not: the thread is ending."""
+    for conn in connections.all(initialized_only=True):
+        with contextlib.suppress(Exception):
+            conn.close()
 
 
 def _close_connection(using: str) -> None:

@@ -2532,6 +2532,79 @@ def enter_schema(""",
             "test_an_audit_task_run_that_missed_a_database_leaves_the_gauges",
         ),
         what="an audit run that missed a database zeroes the keys-minted gauges",
+    # the relay command closes the connections it opened when it returns
+    m(
+        "RC1",
+        "management/commands/idempotency_relay.py",
+        "        with OwnConnections():\n",
+        "        with contextlib.nullcontext():\n",
+        tests=(
+            "tests/outbox/test_relay_connections.py::"
+            "test_the_relay_command_closes_the_connections_it_opened_when_it_returns",
+        ),
+        backends=(PG,),
+        what="the relay command leaves the connections it opened on the calling thread open",
+    ),
+    m(
+        "RC2",
+        "outbox/marks.py",
+        "            _close_connections()  # a ``delivered`` receiver may have used",
+        "            pass  #",
+        tests=(
+            "tests/outbox/test_relay_connections.py::"
+            "test_the_relay_command_closes_the_connections_it_opened_when_it_returns",
+        ),
+        backends=(PG,),
+        what="the marks' writer leaves its connections open when the relay closes",
+    ),
+    m(
+        "RC3",
+        "outbox/marks.py",
+        "            _close_connections()  # a ``delivered`` receiver may have used",
+        "            _close_connection(self.using)  #",
+        tests=(
+            "tests/outbox/test_relay_connections.py::"
+            "test_the_relay_command_closes_the_connections_it_opened_when_it_returns",
+        ),
+        backends=(PG,),
+        what="the marks' writer leaves open the connections its receivers opened to other aliases",
+    ),
+    m(
+        "RC4",
+        "outbox/deliver.py",
+        "        finally:\n            connections.close_all()\n",
+        "        finally:\n            pass\n",
+        tests=(
+            "tests/outbox/test_relay_pool.py::test_pool_threads_close_their_connections",
+            "tests/outbox/test_relay_connections.py::"
+            "test_the_relay_command_closes_the_connections_it_opened_when_it_returns[pool]",
+        ),
+        backends=(PG,),
+        what="the pool's threads leave their connections open when the pool closes",
+    ),
+    m(
+        "RC5",
+        "management/jobs.py",
+        "            if conn.alias in self._open or conn.connection is None",
+        "            if conn.connection is None",
+        tests=(
+            "tests/outbox/test_relay_connections.py::"
+            "test_the_relay_command_leaves_the_callers_open_connection_open",
+        ),
+        backends=(PG,),
+        what="the relay command closes the caller's connection, open before it ran",
+    ),
+    m(
+        "RC6",
+        "management/commands/idempotency_relay.py",
+        'dropped_during(*target, exc, "outbox relay") and error is None:\n',
+        'dropped_during(*target, exc, "outbox relay"):\n                    raise\n',
+        tests=(
+            "tests/outbox/test_relay_connections.py::"
+            "test_a_relay_that_fails_to_close_does_not_keep_the_others_open",
+        ),
+        backends=(PG,),
+        what="a relay that fails to close leaves the command's other relays and threads open",
     ),
 ]
 

@@ -23,7 +23,7 @@ from django.db import DatabaseError, connections
 from django.utils.translation import ngettext
 
 from django_idempotency.conf import conf
-from django_idempotency.management.jobs import UNAVAILABLE, GracefulStop, Outage
+from django_idempotency.management.jobs import UNAVAILABLE, GracefulStop, Outage, OwnConnections
 from django_idempotency.outbox import relay
 from django_idempotency.store import tenants
 from django_idempotency.store.routing import all_databases
@@ -87,6 +87,12 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:  # noqa: D102
+        # The connections it opens on the calling thread are closed when it returns,
+        # its relays' threads close theirs: a process that lives on keeps no session.
+        with OwnConnections():
+            self._relay(options)
+
+    def _relay(self, options: dict[str, Any]) -> None:
         batch_size = options["batch_size"]
         if batch_size is None:
             batch_size = conf.outbox_batch_size
@@ -240,16 +246,24 @@ class Command(BaseCommand):
             gone.close()
 
     def _close(self, relays: dict[Target, relay.Relay]) -> dict[Target, tuple[int, BaseException]]:
-        """Close every relay (its last marks); the marks the database refused, by target."""
+        """Close every relay (its last marks); the marks the database refused, by target.
+
+        Every relay is closed (its marks written, its threads and their connections
+        ended) even when an earlier one fails with an error that is not an outage;
+        the first such error is raised after.
+        """
         unmarked: dict[Target, tuple[int, BaseException]] = {}
+        error: DatabaseError | None = None
         for target, each in list(relays.items()):
             try:
                 each.close()
             except UNAVAILABLE as exc:
                 unmarked[target] = (each.unmarked, exc)
             except DatabaseError as exc:
-                if not tenants.dropped_during(*target, exc, "outbox relay"):
-                    raise
+                if not tenants.dropped_during(*target, exc, "outbox relay") and error is None:
+                    error = exc
+        if error is not None:
+            raise error
         return unmarked
 
 
