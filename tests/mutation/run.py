@@ -2532,6 +2532,7 @@ def enter_schema(""",
             "test_an_audit_task_run_that_missed_a_database_leaves_the_gauges",
         ),
         what="an audit run that missed a database zeroes the keys-minted gauges",
+    ),
     # the relay command closes the connections it opened when it returns
     m(
         "RC1",
