@@ -2607,6 +2607,20 @@ def enter_schema(""",
         backends=(PG,),
         what="a relay that fails to close leaves the command's other relays and threads open",
     ),
+    # the sweep command closes the connections it opened when it returns
+    m(
+        "RC7",
+        "management/commands/idempotency_sweep.py",
+        "        with OwnConnections():  # a process that calls the command keeps no "
+        "session of it\n            self._handle(options)\n",
+        "        self._handle(options)\n",
+        tests=(
+            "tests/retention/test_sweep_command.py::"
+            "test_the_sweep_command_closes_the_connections_it_opened_and_keeps_the_callers",
+        ),
+        backends=(PG,),
+        what="the sweep command leaves the connections it opened open when it returns",
+    ),
 ]
 
 

@@ -9,17 +9,20 @@ import sys
 import uuid
 from io import StringIO
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
-from django.db import connection
+from django.db import connection, connections
+from django.db.backends.signals import connection_created
 
 from django_idempotency import retention, store, testing
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.retention import sweeper as retention_sweeper
 from django_idempotency.store.schema.functions import SWEEP_LOCK
-from tests.support.faults import wait_for
+from tests.support.faults import admin_connection, wait_for
 from tests.support.outages import outage_lines, proxy
+from tests.support.pgbouncer import NOT_POOLED
 from tests.support.relay_process import child
 
 __all__ = ["child", "proxy"]  # the fixtures, used here
@@ -297,3 +300,43 @@ def test_one_sweep_reports_an_unreachable_database_in_one_line(child, proxy):
     assert sweeper.exit_status() == 1
     assert "CommandError: database 'default' unavailable:" in sweeper.stderr()
     assert "Traceback" not in sweeper.stderr()
+
+
+@pytest.mark.postgres
+@NOT_POOLED
+def test_the_sweep_command_closes_the_connections_it_opened_and_keeps_the_callers():
+    """A process that calls the command and lives on (a Celery worker, a script) keeps no
+    server session of it: the calling thread's connection it opened and its lock's
+    holder are closed when it returns. A connection open before, the caller's, stays
+    open in the same session."""
+    old_claim()
+    seen: list[tuple[Any, int]] = []
+
+    def record(sender: object, connection: Any, **kwargs: object) -> None:
+        seen.append((connection, connection.connection.info.backend_pid))
+
+    connection_created.connect(record)
+    try:
+        connections["default"].close()  # the command opens the calling thread's own
+        run()
+        opened = [pid for _wrapper, pid in seen]
+        assert len(opened) >= 2  # the calling thread's, the lock holder's
+        wait_for(lambda: not _live(opened), timeout=10)
+        assert all(wrapper.connection is None for wrapper, _pid in seen)
+
+        connections["default"].ensure_connection()
+        caller = connections["default"].connection.info.backend_pid
+        run()
+        assert connections["default"].connection.info.backend_pid == caller
+        assert _live([caller]) == [caller]
+    finally:
+        connection_created.disconnect(record)
+
+
+def _live(pids: list[int]) -> list[int]:
+    """The pids among ``pids`` whose session the server still has."""
+    with admin_connection() as admin:
+        rows = admin.execute(
+            "SELECT pid FROM pg_stat_activity WHERE pid = ANY(%s)", [pids]
+        ).fetchall()
+    return sorted(row[0] for row in rows)

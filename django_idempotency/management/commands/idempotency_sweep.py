@@ -17,7 +17,7 @@ from django.db import connections
 from django.utils.translation import ngettext
 
 from django_idempotency import retention
-from django_idempotency.management.jobs import UNAVAILABLE, GracefulStop, Outage
+from django_idempotency.management.jobs import UNAVAILABLE, GracefulStop, Outage, OwnConnections
 from django_idempotency.store.routing import all_databases
 
 logger = logging.getLogger("django_idempotency")
@@ -64,9 +64,13 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:  # noqa: D102
-        aliases = (options["database"],) if options["database"] else all_databases()
         if options["interval"] <= 0:
             raise CommandError("--interval must be more than 0 seconds.")
+        with OwnConnections():  # a process that calls the command keeps no session of it
+            self._handle(options)
+
+    def _handle(self, options: dict[str, Any]) -> None:
+        aliases = (options["database"],) if options["database"] else all_databases()
         if options["loop"]:
             self._loop(aliases, options["dry_run"], options["interval"])
             return
