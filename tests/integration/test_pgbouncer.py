@@ -38,7 +38,7 @@ FP = "f" * 64
 #: Statements that leave state in the server session, or need one session throughout.
 SESSION_STATE = re.compile(
     r"pg_(try_)?advisory_(un)?lock(_shared)?\s*\(|\bLISTEN\b|\bUNLISTEN\b|\bPREPARE\b"
-    r"|\bDECLARE\b|^\s*SET\s+(?!LOCAL\b|TRANSACTION\b)|\bRESET\b|\bCREATE\s+TEMP",
+    r"|\bDECLARE\b|^\s*SET\s+(?!LOCAL\b|TRANSACTION\b)|^\s*RESET\b|\bCREATE\s+TEMP",
     re.IGNORECASE,
 )
 
