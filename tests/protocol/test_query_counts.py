@@ -87,9 +87,9 @@ def test_keyed_first_execution_costs_the_claim_and_the_completion(
     unkeyed = capture(api, None)
     keyed = capture(api, str(uuid.uuid4()))
 
-    claim, completion = on_record_table(keyed)
-    assert len(data(keyed)) == len(data(unkeyed)) + 2
     if on_postgres:
+        claim, completion = on_record_table(keyed)
+        assert len(data(keyed)) == len(data(unkeyed)) + 2
         # The fenced UPDATE in its server-side function (with owner presence it also
         # releases the presence lock), then the view's COMMIT in the same round trip.
         assert completion.startswith("SELECT django_idempotency_complete(")
@@ -98,11 +98,16 @@ def test_keyed_first_execution_costs_the_claim_and_the_completion(
         assert control(keyed) == ["BEGIN", "COMMIT"]
         assert len(keyed) == len(unkeyed) + 4
     else:
-        assert "completed" in completion and re.match(r"\s*UPDATE\b", completion, re.I)
-        # SQLite: the claim is its own BEGIN / INSERT / COMMIT.
+        # SQLite: the claim is its own BEGIN / INSERT / COMMIT; the view's transaction
+        # starts with a fenced UPDATE that takes the write lock, and ends with the
+        # completion.
+        claim, lock, completion = on_record_table(keyed)
+        assert len(data(keyed)) == len(data(unkeyed)) + 3
         assert claim.lstrip().upper().startswith("INSERT")
+        assert re.match(r"\s*UPDATE\b", lock, re.I) and "owner_token" in lock
+        assert "completed" in completion and re.match(r"\s*UPDATE\b", completion, re.I)
         assert control(keyed) == ["BEGIN", "COMMIT", "BEGIN", "COMMIT"]
-        assert len(keyed) == len(unkeyed) + 6
+        assert len(keyed) == len(unkeyed) + 7
 
 
 def test_replay_costs_one_statement_on_postgres(api: APIClient, on_postgres: bool) -> None:
