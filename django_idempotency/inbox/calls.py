@@ -227,7 +227,6 @@ def once(
                 transaction.atomic(using=using),
                 write_guard.guard(scope.endpoint, scope.endpoint, using, kind="block") as guard,
             ):
-                store.take_write_lock(claim)
                 yield attempt
                 guard.check()  # a refused write the body caught still fails the attempt
                 doomed = transactions.doomed(using)

@@ -182,14 +182,12 @@ def _execute_atomic(
 
     Writes to any other database are refused while the view runs (``write_guard``).
     """
-    stage = "lock"  # then "view", "complete" (our UPDATE), "commit" (the block's exit)
+    stage = "view"  # then "complete" (our UPDATE), then "commit" (the block's exit)
     try:
         with (
             transactions.atomic(claim.using),
             savepoints.view_savepoints(claim.using) as releases,
         ):
-            store.take_write_lock(claim)
-            stage = "view"
             with write_guard.guard(view_name, claim.scope.endpoint, claim.using) as guard:
                 response = finalize(call())
                 release = options.should_release(response.status_code)
@@ -233,8 +231,6 @@ def _execute_atomic(
         return _lease_lost(claim)
     except (DatabaseError, InterfaceError) as exc:
         _release(claim, None)
-        if stage == "lock":  # SQLite's write lock stayed taken: the view did not run
-            return _store_busy(claim, exc)
         if stage == "view" or (stage == "commit" and isinstance(exc, IntegrityError)):
             raise  # the view's own database error, or its data refused at COMMIT: a 500
         return _completion_failed(claim, exc)
@@ -262,17 +258,6 @@ def _log_doomed(claim: store.Claim, reason: str, status: int) -> None:
         "the key released. Wrap the statement that may fail in transaction.atomic().",
         status,
         extra=extra,
-    )
-
-
-def _store_busy(claim: store.Claim, exc: BaseException) -> HttpResponseBase:
-    """503 when the transaction for the view could not start (the view did not run)."""
-    signals.store_failed.send(claim.scope.endpoint, error=exc, **_kw(claim))
-    return problems.problem_response(
-        problems.STORE_UNAVAILABLE,
-        "The idempotency store was busy (its database locked by another request), so "
-        "the request was not run. Retry later with the same key.",
-        retry_after=conf.retry_after,
     )
 
 

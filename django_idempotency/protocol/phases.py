@@ -92,7 +92,6 @@ def phase_block(context: IdempotencyContext, name: str) -> Iterator[None]:
     context.open_phase = name
     try:
         with transactions.atomic(using, durable=True):
-            store.take_write_lock(context.claim)
             yield
             doomed = transactions.doomed(using)
             if doomed:  # the view's choice: the phase rolls back, as an atomic() would

@@ -8,8 +8,7 @@ One contract, used by the protocol (views), the inbox and the operators' tools a
 * settle the claim: :func:`complete` it with the response, fenced by the owner token,
   inside the view's transaction; :func:`release` it (or :func:`abandon` it before the
   view ran); :func:`advance` its recovery point (a phase), :func:`suspend` it (a phase
-  failed), :func:`extend` its lease (a heartbeat), :func:`take_write_lock` first in
-  the transaction around a view on SQLite (``store.settle``);
+  failed), :func:`extend` its lease (a heartbeat) (``store.settle``);
 * :func:`fetch` what a scope holds (``store.rows``);
 * operators: :func:`end_leases`, :func:`forget_responses`, and :func:`peek` at what a
   claim would meet without claiming (``store.operators``).
@@ -42,7 +41,6 @@ if TYPE_CHECKING:
         extend,
         release,
         suspend,
-        take_write_lock,
     )
     from django_idempotency.store.values import (
         BY_LEASE,
@@ -82,7 +80,6 @@ __all__ = [
     "release",
     "stricter_than_read_committed",
     "suspend",
-    "take_write_lock",
 ]
 
 #: The module of each name of the contract.
@@ -101,7 +98,6 @@ _HOMES = {
     "extend": "settle",
     "release": "settle",
     "suspend": "settle",
-    "take_write_lock": "settle",
     "BY_LEASE": "values",
     "BY_OPERATOR": "values",
     "BY_PRESENCE": "values",

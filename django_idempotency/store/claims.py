@@ -289,6 +289,16 @@ def _insert(
                 return None, None  # taken over in between: settle on it next round
             return won, None
         return None, existing_from_row(data)
+    if not connection.in_atomic_block:
+        # Look before writing: a duplicate of a held key then only reads. On SQLite a
+        # write takes the database's one write lock, and a view that has read in its
+        # transaction fails at once, whatever the busy timeout, if it then writes
+        # while another connection holds that lock
+        # (https://www.sqlite.org/lang_transaction.html); a duplicate that reads waits
+        # for nothing and does not fail the view it duplicates.
+        existing = fetch(scope, using=using)
+        if existing is not None:
+            return None, existing
     now = clock.app_now()
     window_end = now + dt.timedelta(seconds=max(retention, lease))
     try:

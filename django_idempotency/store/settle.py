@@ -8,8 +8,6 @@
 * :func:`advance`: a phase finished (recovery point), fenced; :func:`suspend`: end the
   lease of a phased claim that failed after a phase, so a retry resumes it.
 * :func:`extend`: heartbeat, pushing ``lease_until`` forward; commits at once.
-* :func:`take_write_lock`: on SQLite, the write lock taken first in the transaction
-  around a view, a phase or an inbox body.
 """
 
 from __future__ import annotations
@@ -287,30 +285,6 @@ def advance(claim: Claim, recovery_point: str) -> None:
         updated = _fenced(claim).update(recovery_point=recovery_point)
     if updated != 1:
         raise LeaseLost(f"record {claim.record_id}: the lease was lost before {recovery_point!r}")
-
-
-def take_write_lock(claim: Claim) -> None:
-    """Make the transaction just opened around a view, a phase or a body the writer.
-
-    SQLite has one writer. A transaction that reads before it writes cannot wait for
-    the write lock: if another connection holds it at that write, the write fails at
-    once with "database is locked", whatever the busy timeout
-    (https://www.sqlite.org/lang_transaction.html). A write as the transaction's first
-    statement waits for the lock instead, up to the busy timeout, as ``BEGIN
-    IMMEDIATE`` does (Django 5.1's ``transaction_mode`` option, for every transaction).
-    This is that write: a fenced update that changes nothing. On other databases, whose
-    writers lock rows, nothing is sent.
-
-    Must run as the first statement of the caller's atomic block.
-
-    Raises:
-        LeaseLost: the claim is no longer ours; the block must not run.
-        DatabaseError: the lock stayed taken for the whole busy timeout.
-    """
-    if connections[claim.using].vendor != "sqlite":
-        return
-    if _fenced(claim).update(lease_until=F("lease_until")) != 1:
-        raise LeaseLost(f"record {claim.record_id}: the lease was lost before the view ran")
 
 
 def suspend(claim: Claim) -> bool:

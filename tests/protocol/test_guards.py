@@ -270,11 +270,6 @@ def test_a_fenced_completion_rolls_back_the_views_writes(record_table, token, ga
     """The owner's lease ran out and a retry took over and completed. When the owner
     finishes, its completion is fenced off and its writes roll back with it: one
     effect, and the client sees the retry's response."""
-    if record_table == "sqlite":
-        pytest.skip(
-            "SQLite: the view holds the write lock from its start, so a retry waits for it "
-            "(tests/store/test_sqlite_threads.py)"
-        )
     gate_name, held = gate
     key = str(uuid.uuid4())
     runner = Runner()

@@ -1,25 +1,21 @@
 """SQLite, one process, many threads: the same once-only guarantee (docs/storage.md).
 
-SQLite has one writer at a time, so duplicates queue on its lock instead of racing;
-the outcome must still be one execution, every other answer a 409 or a replay.
+SQLite has one writer at a time, so claims of a new key queue on its lock instead of
+racing; the outcome must still be one execution, every other answer a 409 or a replay.
 """
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
-from django.db import connections
 
-from django_idempotency import inbox, testing
+from django_idempotency import inbox
+from django_idempotency.exceptions import InFlight
 from django_idempotency.models import IdempotencyRecord, RecordState
 from tests.support.concurrency import Runner, token_client
 from tests.support.factories import TokenFactory
-from tests.support.testapp.gates import HOOKS
 from tests.support.testapp.models import Widget
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -50,102 +46,66 @@ def test_16_threads_one_execution():
         Widget.objects.all().delete()
 
 
-# A transaction that reads before it writes cannot wait for SQLite's write lock: if
-# another connection holds it at the write, the write fails at once, whatever the busy
-# timeout (https://www.sqlite.org/lang_transaction.html). The app's own transactions
-# around a view, a phase or an inbox body take the lock first, so that other writer
-# waits instead (or, as here with no busy timeout, is refused) and the view's write
-# goes through.
+# SQLite has one write lock, held by a view's transaction from its first write to its
+# commit. A duplicate of a held key only reads it, so it answers at once instead of
+# queueing for that lock; and, holding no lock itself, it cannot fail a view that reads
+# before it writes (https://www.sqlite.org/lang_transaction.html).
 
 
-@contextmanager
-def another_writer(outcome: list[str]):
-    """A second connection that tries to become the writer just before the view writes."""
-    connection = connections["default"]
-    other = sqlite3.connect(connection.settings_dict["NAME"], timeout=0, isolation_level=None)
-    try:
-        try:
-            other.execute("BEGIN IMMEDIATE")
-            outcome.append("took the write lock")
-        except sqlite3.OperationalError as exc:
-            outcome.append(str(exc))
-        yield
-    finally:
-        other.close()  # rolls its transaction back, if it opened one
-
-
-def _with_another_writer(outcome: list[str]):
-    HOOKS["another_writer"] = lambda request: another_writer(outcome)
-
-
-@pytest.fixture
-def sqlite_file() -> Iterator[None]:
-    if connections["default"].vendor != "sqlite":
-        pytest.skip("SQLite's single writer")
-    yield
-
-
-@pytest.mark.parametrize("path", ["/count-then-create", "/phased-count-then-create"])
-def test_a_view_that_reads_before_it_writes_keeps_the_write_lock_from_its_start(
-    sqlite_file, path
-):
-    token = TokenFactory(user__username="sqlite-reader").key
-    outcome: list[str] = []
-    _with_another_writer(outcome)
-
-    response = token_client(token).post(
-        path, {"name": "counted"}, format="json", HTTP_IDEMPOTENCY_KEY=str(uuid.uuid4())
-    )
-
-    assert response.status_code == 201, response.content
-    assert outcome == ["database is locked"]  # the view was the writer already
-    assert Widget.objects.filter(name="counted").count() == 1
-
-
-def test_an_inbox_body_that_reads_before_it_writes_keeps_the_write_lock_from_its_start(
-    sqlite_file,
-):
-    outcome: list[str] = []
-    with inbox.once("evt-reads-first", principal="consumer", endpoint="count") as attempt:
-        if not attempt.done:
-            seen = Widget.objects.filter(name="counted").count()
-            with another_writer(outcome):
-                Widget.objects.create(name="counted", size=seen)
-            attempt.result = {"seen": seen}
-
-    assert outcome == ["database is locked"]
-    assert Widget.objects.filter(name="counted").count() == 1
-
-
-def test_a_retry_after_the_lease_ran_out_waits_for_the_running_view_and_replays_it(
-    sqlite_file, gate
-):
-    """The view's lease runs out while it runs. A retry cannot take it over: the view
-    holds the write lock, so the retry's claim waits for the view's commit and then
-    finds the completed record. One execution; both answers are the view's."""
-    token = TokenFactory(user__username="sqlite-slow").key
+def test_a_duplicate_of_a_view_that_has_written_gets_409_at_once(gate):
+    token = TokenFactory(user__username="sqlite-writer").key
     gate_name, held = gate
     key = str(uuid.uuid4())
     runner = Runner()
     runner.start(
         lambda: token_client(token).post(
-            "/gate-then-write", {"name": "w"}, format="json",
-            HTTP_IDEMPOTENCY_KEY=key, HTTP_X_GATE=gate_name,
+            "/widgets",
+            {"name": "held", "size": 1},
+            format="json",
+            HTTP_IDEMPOTENCY_KEY=key,
+            HTTP_X_GATE=gate_name,
         )
     )
-    assert held.entered.wait(30)
-    retries = Runner()
-    with testing.travel(10):  # the 5 s lease ran out
-        retries.start(
-            lambda: token_client(token).post(
-                "/gate-then-write", {"name": "w"}, format="json", HTTP_IDEMPOTENCY_KEY=key
-            )
-        )
-        held.opened.set()
-        (first,) = runner.join(30)
-        (retry,) = retries.join(30)
+    assert held.entered.wait(30)  # its Widget is written, its transaction open
 
-    assert first.status_code == 201 and "Idempotent-Replayed" not in first, first.content
-    assert retry.status_code == 201 and retry["Idempotent-Replayed"] == "true"
-    assert retry.content == first.content
-    assert Widget.objects.filter(name="w").count() == 1
+    duplicate = token_client(token).post(
+        "/widgets", {"name": "held", "size": 1}, format="json", HTTP_IDEMPOTENCY_KEY=key
+    )
+    held.opened.set()
+    (first,) = runner.join(30)
+
+    assert duplicate.status_code == 409, duplicate.content
+    assert first.status_code == 201 and "Idempotent-Replayed" not in first
+    assert Widget.objects.filter(name="held").count() == 1
+
+
+def test_a_duplicate_inbox_call_while_the_body_has_written_is_in_flight_at_once():
+    written, finish = threading.Event(), threading.Event()
+    outcome: list[object] = []
+
+    def body() -> None:
+        with inbox.once("evt-held", principal="consumer", endpoint="held") as attempt:
+            if not attempt.done:
+                Widget.objects.create(name="inbox-held")
+                written.set()
+                assert finish.wait(30)
+                attempt.result = {"ok": True}
+
+    def duplicate() -> None:
+        try:
+            with inbox.once("evt-held", principal="consumer", endpoint="held"):
+                outcome.append("ran")
+        except InFlight as exc:
+            outcome.append(exc)
+
+    runner = Runner()
+    runner.start(body)
+    assert written.wait(30)
+    duplicates = Runner()
+    duplicates.start(duplicate)
+    duplicates.join(30)
+    finish.set()
+    runner.join(30)
+
+    assert len(outcome) == 1 and isinstance(outcome[0], InFlight), outcome
+    assert Widget.objects.filter(name="inbox-held").count() == 1

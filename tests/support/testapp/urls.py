@@ -31,8 +31,6 @@ urlpatterns = [
     path("ship", views.ship),
     path("phased-optional", views.phased_optional),
     path("notify-slow", views.notify_slow),
-    path("count-then-create", views.count_then_create),
-    path("phased-count-then-create", views.phased_count_then_create),
     *router.urls,
     path("tx/rolls-back", views.rolls_back),
     path("tx/deferred", views.deferred_violation),

@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import json
 import threading
-from contextlib import nullcontext as _nullcontext
 
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
@@ -486,8 +485,8 @@ def nested_blocks(request):
 @idempotent(lease=5)
 @api_view(["POST"])
 def gate_then_write(request):
-    """Holds at the gate before its first write (on SQLite its transaction already holds
-    the write lock there: a retry's claim waits for it)."""
+    """Holds at the gate before its first write: on SQLite its transaction holds no lock
+    there, so another request can take the key over and finish meanwhile."""
     _gate(request)
     Widget.objects.create(name=request.data.get("name", "gated"))
     return Response({"name": request.data.get("name", "gated")}, status=201)
@@ -682,32 +681,3 @@ def delegate_phased(request):
             Widget.objects.create(name="charged")
     _crash("after:charged")
     return phased_inner(request)
-
-
-def _another_writer(request):
-    """The context a test put in ``HOOKS["another_writer"]`` around a view's first write."""
-    hook = HOOKS.get("another_writer")
-    return hook(request) if callable(hook) else _nullcontext()
-
-
-@api_view(["POST"])
-@idempotent
-def count_then_create(request):
-    """Reads before it writes, as ``get_or_create`` does: a count, then a Widget."""
-    name = str(request.data.get("name", "counted"))
-    seen = Widget.objects.filter(name=name).count()
-    with _another_writer(request):
-        widget = Widget.objects.create(name=name, size=seen)
-    return Response({"id": widget.pk, "seen": seen}, status=201)
-
-
-@api_view(["POST"])
-@idempotent(phases=["counted"])
-def phased_count_then_create(request):
-    """``count_then_create`` inside a phase."""
-    name = str(request.data.get("name", "counted"))
-    with request.idempotency.phase("counted"):
-        seen = Widget.objects.filter(name=name).count()
-        with _another_writer(request):
-            widget = Widget.objects.create(name=name, size=seen)
-    return Response({"id": widget.pk, "seen": seen}, status=201)
