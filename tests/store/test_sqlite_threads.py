@@ -86,9 +86,7 @@ def sqlite_file() -> Iterator[None]:
 
 
 @pytest.mark.parametrize("path", ["/count-then-create", "/phased-count-then-create"])
-def test_a_view_that_reads_before_it_writes_keeps_the_write_lock_from_its_start(
-    sqlite_file, path
-):
+def test_a_view_that_reads_before_it_writes_keeps_the_write_lock_from_its_start(sqlite_file, path):
     token = TokenFactory(user__username="sqlite-reader").key
     outcome: list[str] = []
     _with_another_writer(outcome)
@@ -129,8 +127,11 @@ def test_a_retry_after_the_lease_ran_out_waits_for_the_running_view_and_replays_
     runner = Runner()
     runner.start(
         lambda: token_client(token).post(
-            "/gate-then-write", {"name": "w"}, format="json",
-            HTTP_IDEMPOTENCY_KEY=key, HTTP_X_GATE=gate_name,
+            "/gate-then-write",
+            {"name": "w"},
+            format="json",
+            HTTP_IDEMPOTENCY_KEY=key,
+            HTTP_X_GATE=gate_name,
         )
     )
     assert held.entered.wait(30)
