@@ -35,14 +35,14 @@ from storm.server import ThrowawayDatabase  # noqa: E402
 BODY = {"image": "bench", "cpu": 1, "memory_gb": 1, "labels": {"bench": "profile"}}
 #: (label, function, file suffix): the steps the profile is broken into.
 STEPS = [
-    ("the whole idempotent path (glue.run)", "run", "django_idempotency/glue.py"),
-    ("  protocol.begin: key, principal, fingerprint, claim", "begin", "protocol.py"),
-    ("    fingerprint.compute", "compute", "fingerprint.py"),
-    ("    store.claim (the claim statement)", "claim", "store.py"),
+    ("the whole idempotent path (handle.run)", "run", "django_idempotency/protocol/handle.py"),
+    ("  protocol.begin: key, principal, fingerprint, claim", "begin", "protocol/begin.py"),
+    ("    fingerprint.take", "take", "protocol/fingerprint.py"),
+    ("    store.claim (the claim statement)", "claim", "store/claims.py"),
     ("  the view itself (WorkerViewSet.create)", "create", "workers/views.py"),
-    ("  DRF finalize_response (render JSON)", "finalize", "glue.py"),
-    ("  responses.snapshot", "snapshot", "responses.py"),
-    ("  store.complete (fenced UPDATE)", "complete", "store.py"),
+    ("  DRF finalize_response (render JSON)", "finalize", "protocol/handle.py"),
+    ("  responses.snapshot", "snapshot", "protocol/responses.py"),
+    ("  store.complete (fenced UPDATE)", "complete", "store/settle.py"),
     ("  COMMIT of the view's block (Atomic.__exit__)", "__exit__", "django/db/transaction.py"),
     ("DRF authentication (token lookup)", "perform_authentication", "rest_framework/views.py"),
     ("database round trips (psycopg execute)", "execute", "psycopg/cursor.py"),

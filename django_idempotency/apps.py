@@ -16,7 +16,7 @@ class IdempotencyConfig(AppConfig):
 
     def ready(self) -> None:
         """Register the system checks (``django_idempotency.E001`` ...) and the log receivers."""
-        from django_idempotency import logging
+        from django_idempotency import logs
         from django_idempotency.checks import (
             actions,
             databases,
@@ -28,4 +28,4 @@ class IdempotencyConfig(AppConfig):
         )
 
         del actions, databases, settings, stacking, tenants, urls, views  # they register on import
-        logging.connect()
+        logs.connect()

@@ -2,9 +2,9 @@
 
 Every signal is sent with ``sender`` = the endpoint (``"POST /v1/workers"``) and the
 keyword arguments ``principal``, ``endpoint`` and ``key_hash`` (a short digest of the
-key, ``django_idempotency.logging.key_hash``); some add more, listed below. Receivers
+key, ``django_idempotency.logs.key_hash``); some add more, listed below. Receivers
 must be cheap and must not raise: they run on the request path. Keys are never sent.
-The app's own receivers: structured logs (``logging.py``, always connected) and
+The app's own receivers: structured logs (``logs.py``, always connected) and
 metrics (``metrics.connect(sink)``, opt-in).
 
 The outbox's signals (``outbox_*``) are sent by the relay with ``sender`` = the

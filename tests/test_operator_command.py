@@ -11,7 +11,7 @@ from django.core.management import CommandError, call_command
 from django.db import transaction
 
 from django_idempotency import store
-from django_idempotency.logging import key_hash
+from django_idempotency.logs import key_hash
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.testing import travel
 from tests.support.testapp.models import Widget

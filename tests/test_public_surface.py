@@ -73,7 +73,7 @@ NAMES: dict[str, tuple[str, ...]] = {
         "store_failed",
         "woken",
     ),
-    "django_idempotency.logging": ("connect", "disconnect", "key_hash"),
+    "django_idempotency.logs": ("connect", "disconnect", "key_hash"),
     "django_idempotency.principals": (
         "auth_token_principal",
         "hmac_signature",

@@ -22,7 +22,7 @@ from django.db import DatabaseError, InterfaceError, transaction
 from django_idempotency import exceptions, signals, store, transactions
 from django_idempotency.conf import conf
 from django_idempotency.exceptions import InFlight, KeyReused, UnstorableResult
-from django_idempotency.logging import key_hash
+from django_idempotency.logs import key_hash
 from django_idempotency.protocol.begin import fit
 from django_idempotency.protocol.context import IdempotencyContext, running
 from django_idempotency.protocol.execute import executed

@@ -57,13 +57,13 @@ _RETRY_AFTER = 0.1
 _RETRY_CAP = 2.0
 
 
-class Claimed(Protocol):
-    """What a mark needs of a claimed message: the message as the claim returned it."""
+class Delivered(Protocol):
+    """A delivered message, as its claim returned it: all a mark needs of it."""
 
     message: OutboxMessage
 
 
-def write_sent(using: str, sent: Sequence[Claimed]) -> set[int]:
+def write_sent(using: str, sent: Sequence[Delivered]) -> set[int]:
     """Mark ``sent`` messages ``sent`` in one UPDATE, fenced by their claims.
 
     Args:
@@ -158,7 +158,7 @@ class Marks:
         self.max_age = max_age
         self._on_sent = on_sent
         self._cond = threading.Condition()
-        self._pending: list[Claimed] = []
+        self._pending: list[Delivered] = []
         self._oldest = 0.0
         self._stopped = False
         self._watchdog: threading.Thread | None = None
@@ -180,7 +180,7 @@ class Marks:
         with self._cond:
             self._cond.notify_all()
 
-    def add(self, item: Claimed) -> None:
+    def add(self, item: Delivered) -> None:
         """Add the mark of a message whose handler returned."""
         with self._cond:
             if not self._pending:
@@ -258,7 +258,7 @@ class Marks:
             self._watchdog = None
         self.flush()
 
-    def _take(self) -> list[Claimed]:
+    def _take(self) -> list[Delivered]:
         with self._cond:
             taken, self._pending = self._pending, []
             return taken
@@ -282,7 +282,7 @@ class Marks:
             if item.message.pk in mine:
                 self._on_sent(item)
 
-    def _give_back(self, taken: list[Claimed]) -> None:
+    def _give_back(self, taken: list[Delivered]) -> None:
         with self._cond:
             self._pending[:0] = taken
             self._oldest = time.monotonic() - self.max_age  # due: they are old

@@ -19,7 +19,7 @@ from django.http.response import HttpResponseBase
 
 from django_idempotency import signals, store
 from django_idempotency.conf import conf
-from django_idempotency.logging import key_hash
+from django_idempotency.logs import key_hash
 from django_idempotency.protocol import problems
 from django_idempotency.protocol.decisions import CANNOT_RUN, CannotRun, Proceed, Respond, problem
 from django_idempotency.protocol.digests import Fingerprint, differing_parts

@@ -26,7 +26,7 @@ from django.http.response import HttpResponseBase
 
 from django_idempotency import exceptions, signals, store, transactions
 from django_idempotency.conf import conf
-from django_idempotency.logging import key_hash
+from django_idempotency.logs import key_hash
 from django_idempotency.protocol import phases, problems
 from django_idempotency.protocol.context import IdempotencyContext, UnprotectedContext
 from django_idempotency.protocol.decisions import Proceed

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from django.db import DatabaseError, InterfaceError, connections
 
 from django_idempotency import signals
-from django_idempotency.logging import key_hash
+from django_idempotency.logs import key_hash
 from django_idempotency.store import tenants
 from django_idempotency.store.isolation import stricter_than_read_committed
 from django_idempotency.store.settle import extend

@@ -44,7 +44,7 @@ from django.db import DatabaseError, OperationalError, connections, transaction
 from django.utils.connection import ConnectionDoesNotExist
 
 from django_idempotency.conf import conf
-from django_idempotency.logging import key_hash
+from django_idempotency.logs import key_hash
 from django_idempotency.store import sql
 from django_idempotency.store.catalog import server_port
 from django_idempotency.store.values import Claim, Scope

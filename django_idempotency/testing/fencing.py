@@ -10,7 +10,7 @@ from typing import Any
 from django.db import connections
 
 from django_idempotency import signals
-from django_idempotency.logging import key_hash
+from django_idempotency.logs import key_hash
 from django_idempotency.store import tenants
 from django_idempotency.testing.clock import past_lease
 from django_idempotency.testing.outcomes import ClientFactory, describe, kind_of, send

@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 from django.db import DEFAULT_DB_ALIAS, connections
 
 from django_idempotency import signals
-from django_idempotency.logging import key_hash
+from django_idempotency.logs import key_hash
 from django_idempotency.store import tenants
 
 T = TypeVar("T")

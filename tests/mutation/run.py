@@ -1490,7 +1490,7 @@ MUTANTS: list[Mutant] = [
         '        ).update(lease_until=F("created_at"))\n',
         "        ).update(lease_until=now_value(using))\n",
         tests=(
-            "tests/test_logging.py::"
+            "tests/test_logs.py::"
             "test_a_takeover_says_whether_the_lease_expired_or_an_operator_ended_it",
         ),
         what="a lease ended by an operator is logged as expired when taken over",
@@ -1501,7 +1501,7 @@ MUTANTS: list[Mutant] = [
         "    SELECT id, lease_until = created_at AS by_operator FROM {_T}\n",
         "    SELECT id, false AS by_operator FROM {_T}\n",
         tests=(
-            "tests/test_logging.py::"
+            "tests/test_logs.py::"
             "test_a_takeover_says_whether_the_lease_expired_or_an_operator_ended_it",
         ),
         backends=(PG,),
@@ -1513,7 +1513,7 @@ MUTANTS: list[Mutant] = [
         "    return (False, existing.ended_by_operator) if updated == 1 else None\n",
         "    return (False, False) if updated == 1 else None\n",
         tests=(
-            "tests/test_logging.py::"
+            "tests/test_logs.py::"
             "test_a_takeover_says_whether_the_lease_expired_or_an_operator_ended_it",
         ),
         backends=(SQLITE,),

@@ -23,7 +23,7 @@ from django_tenants.utils import schema_context
 
 from django_idempotency import signals
 from django_idempotency.checks.tenants import check_public_urlconf
-from django_idempotency.logging import key_hash
+from django_idempotency.logs import key_hash
 from django_idempotency.retention import partitions
 from django_idempotency.testing import fence_stale_owner, fire_duplicates, travel
 from django_idempotency.testing.threads import run_together

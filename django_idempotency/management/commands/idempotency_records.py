@@ -19,7 +19,7 @@ from django.db import connections
 from django.db.models import QuerySet
 from django.db.models.expressions import RawSQL
 
-from django_idempotency.logging import key_hash
+from django_idempotency.logs import key_hash
 from django_idempotency.models import IdempotencyRecord, RecordState
 from django_idempotency.store import clock, operators
 from django_idempotency.store.routing import record_database

@@ -1,4 +1,4 @@
-"""logging.py: one structured line per decision, never the key above DEBUG."""
+"""logs.py: one structured line per decision, never the key above DEBUG."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import uuid
 import pytest
 from django.db import connection, transaction
 
-from django_idempotency import logging as idem_logging
+from django_idempotency import logs
 from django_idempotency.models import IdempotencyRecord
 from tests.support.clients import client_for
 from tests.support.testapp.gates import HOOKS
@@ -37,8 +37,8 @@ def assert_no_key_above_debug(caplog, key):
 
 def test_key_hash_is_short_and_stable():
     key = "8e03978e-40d5-43e8-bc93-6894a57f9324"
-    assert idem_logging.key_hash(key) == hashlib.sha256(key.encode()).hexdigest()[:12]
-    assert idem_logging.key_hash(key) != idem_logging.key_hash(key + "x")
+    assert logs.key_hash(key) == hashlib.sha256(key.encode()).hexdigest()[:12]
+    assert logs.key_hash(key) != logs.key_hash(key + "x")
 
 
 def test_lifecycle_lines_carry_structured_fields(api, alice, key, caplog):
@@ -56,7 +56,7 @@ def test_lifecycle_lines_carry_structured_fields(api, alice, key, caplog):
     for record in lines:
         assert record.endpoint == "POST /widgets"
         assert record.principal == f"auth.user:{alice.user.pk}"
-        assert record.key_hash == idem_logging.key_hash(key)
+        assert record.key_hash == logs.key_hash(key)
         assert all(hasattr(record, field) for field in FIELDS)
     assert_no_key_above_debug(caplog, key)
 
@@ -100,7 +100,7 @@ def test_store_failure_is_an_error_line_without_the_key(api, key, caplog):
     assert response.status_code == 503
     (error,) = [r for r in events(caplog) if r.levelno == logging.ERROR]
     assert error.event == "store_failed" and error.status == 503
-    assert error.key_hash == idem_logging.key_hash(key)
+    assert error.key_hash == logs.key_hash(key)
     assert_no_key_above_debug(caplog, key)
 
 
@@ -151,11 +151,11 @@ def test_a_takeover_says_whether_the_lease_expired_or_an_operator_ended_it(caplo
 
 def test_disconnect_silences_and_connect_restores(api, caplog):
     caplog.set_level(logging.DEBUG, logger=LOGGER)
-    idem_logging.disconnect()
+    logs.disconnect()
     try:
         post(api, "/widgets", str(uuid.uuid4()), {"name": "a"})
         assert events(caplog) == []
     finally:
-        idem_logging.connect()
+        logs.connect()
     post(api, "/widgets", str(uuid.uuid4()), {"name": "b"})
     assert [r.event for r in events(caplog)] == ["claimed", "completed"]

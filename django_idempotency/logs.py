@@ -30,7 +30,7 @@ from django_idempotency import signals
 
 logger = logging.getLogger("django_idempotency.events")
 
-_UID = "django_idempotency.logging"
+_UID = "django_idempotency.logs"
 
 
 def key_hash(key: str) -> str:
