@@ -2638,11 +2638,12 @@ def enter_schema(""",
 
 
 def _copy_checkout(into: Path) -> None:
-    for name in ("django_idempotency", "tests", "example_project"):
+    # The tests read the docs (the problem types' slugs, the settings' table) and README.
+    for name in ("django_idempotency", "tests", "example_project", "docs"):
         shutil.copytree(
             ROOT / name, into / name, ignore=shutil.ignore_patterns("__pycache__", "var")
         )
-    for name in ("pyproject.toml",):
+    for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, into / name)
 
 
