@@ -20,7 +20,7 @@ several runs (``--runs``). Usage::
 
     python benchmarks/mechanisms.py                          # loopback, 3 runs
     python benchmarks/mechanisms.py --db-latency-ms 0.5      # a 1 ms round trip
-    python benchmarks/mechanisms.py --mechanisms held_releases,nothing --runs 5
+    python benchmarks/mechanisms.py --mechanisms cached_table_facts,nothing --runs 5
 
 Results and their reading: docs/contributing/performance.md. Needs gunicorn, httpx
 and psycopg (the example extra).

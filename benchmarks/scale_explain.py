@@ -102,7 +102,7 @@ def explain(url: str, count: int) -> dict[str, Any]:
             }
             with conn.transaction():
                 (plan,) = conn.execute(
-                    EXPLAIN + complete_call_sql(unlock=False, commit=False), complete
+                    EXPLAIN + complete_call_sql(unlock=False), complete
                 ).fetchone()
             found["complete"].append(_totals(plan))
         lookup = conn.execute(LOOKUP, ["auth.user:1", "POST /items", str(uuid.uuid4())])

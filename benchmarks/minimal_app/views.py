@@ -107,7 +107,8 @@ class ItemCreateSql(APIView):
     """The view of ``ItemCreate`` with django_idempotency's own SQL and the least Python.
 
     The claim function and the completion function exactly as the app sends them on the
-    partitioned table with owner presence (the completion carries the ``COMMIT``), but no
+    partitioned table with owner presence (the view's block commits after the
+    completion), but no
     key check, fingerprint, options, signals, wrappers or response snapshot: it shows
     what the app's statements cost apart from its Python (the ``sql`` mode).
     """
@@ -149,7 +150,7 @@ class ItemCreateSql(APIView):
                 "grace": 30.0,
                 "clock_offset": 0.0,
             }
-            sql = complete_call_sql(unlock=True, commit=True)
+            sql = complete_call_sql(unlock=True)
             return _create_then(
                 request, lambda body: cursor.execute(sql, {**completion, "body": body})
             )

@@ -9,12 +9,6 @@ attributes of this benchmark server's process only.
 
 Names (``MECHANISMS``):
 
-* ``held_releases``: the view's ``RELEASE SAVEPOINT`` statements go out when Django
-  makes them (``transactions/savepoints.py`` holds none);
-* ``begin_with_savepoint``: the view's first ``SAVEPOINT`` goes alone, after psycopg's
-  own ``BEGIN`` (``transactions/savepoints.py`` sends it as Django makes it);
-* ``commit_with_completion``: the completion, then Django's ``COMMIT`` in a round trip
-  of its own (``store.commits_with_completion`` answers no);
 * ``async_claim_commit``: the claim's ``COMMIT`` waits for the WAL flush
   (``synchronous_commit`` left on);
 * ``pruned_completion``: the completion is not given the partition key, so it plans
@@ -29,35 +23,6 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from typing import Any
-
-
-def _held_releases() -> None:
-    from django_idempotency.transactions import savepoints
-
-    def holds(self: Any, name: str) -> bool:
-        return False
-
-    savepoints.ViewSavepoints._holds = holds  # type: ignore[method-assign]
-
-
-def _begin_with_savepoint() -> None:
-    from django_idempotency.transactions import savepoints
-
-    def opens_transaction(self: Any) -> bool:
-        return False
-
-    savepoints.ViewSavepoints._opens_transaction = opens_transaction  # type: ignore[method-assign]
-
-
-def _commit_with_completion() -> None:
-    from django_idempotency import store
-    from django_idempotency.store import settle
-
-    def never(connection: Any) -> bool:
-        return False
-
-    settle.commits_with_completion = never  # type: ignore[assignment]
-    store.commits_with_completion = never  # type: ignore[attr-defined]
 
 
 def _async_claim_commit() -> None:
@@ -77,8 +42,8 @@ def _pruned_completion() -> None:
 
     original = settle.complete
 
-    def complete(claim: Any, response: Any, *, commit: bool = False) -> bool:
-        return original(dataclasses.replace(claim, sweep_after=None), response, commit=commit)
+    def complete(claim: Any, response: Any) -> None:
+        original(dataclasses.replace(claim, sweep_after=None), response)
 
     settle.complete = complete  # type: ignore[assignment]
     store.complete = complete  # type: ignore[attr-defined]
@@ -97,9 +62,6 @@ def _cached_table_facts() -> None:
 
 
 MECHANISMS: dict[str, Callable[[], None]] = {
-    "held_releases": _held_releases,
-    "begin_with_savepoint": _begin_with_savepoint,
-    "commit_with_completion": _commit_with_completion,
     "async_claim_commit": _async_claim_commit,
     "pruned_completion": _pruned_completion,
     "cached_table_facts": _cached_table_facts,

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from django.db import DatabaseError, IntegrityError, InterfaceError, connections
+from django.db import DatabaseError, IntegrityError, InterfaceError
 from django.http.response import HttpResponseBase
 
 from django_idempotency import exceptions, signals, store, transactions
@@ -33,7 +33,7 @@ from django_idempotency.protocol.decisions import Proceed
 from django_idempotency.protocol.options import Options
 from django_idempotency.protocol.responses import rebuild_consumed, snapshot
 from django_idempotency.store import heartbeat, presence
-from django_idempotency.transactions import savepoints, write_guard
+from django_idempotency.transactions import write_guard
 
 logger = logging.getLogger("django_idempotency")
 
@@ -184,10 +184,7 @@ def _execute_atomic(
     """
     stage = "view"  # then "complete" (our UPDATE), then "commit" (the block's exit)
     try:
-        with (
-            transactions.atomic(claim.using),
-            savepoints.view_savepoints(claim.using) as releases,
-        ):
+        with transactions.atomic(claim.using):
             with write_guard.guard(view_name, claim.scope.endpoint, claim.using) as guard:
                 response = finalize(call())
                 release = options.should_release(response.status_code)
@@ -209,20 +206,8 @@ def _execute_atomic(
                 raise _Release(response)  # nothing of it can commit: nothing to store
             if getattr(response, "streaming", False):
                 response = rebuild_consumed(response, stored)
-            if releases is not None:  # the transaction ends after the completion:
-                releases.drop()  # its COMMIT (or ROLLBACK) releases every savepoint
             stage = "complete"
-            # Where the block is the transaction, its COMMIT goes with the completion
-            # (one round trip); the block's exit then has nothing left to commit.
-            commit = transactions.outermost_own(claim.using) and store.commits_with_completion(
-                connections[claim.using]
-            )
-            try:
-                store.complete(claim, stored, commit=commit)
-            except IntegrityError:
-                if commit:  # the record's UPDATE has no constraint: the COMMIT refused
-                    stage = "commit"  # the view's writes (a deferred constraint)
-                raise
+            store.complete(claim, stored)
             stage = "commit"
     except _Release as release:
         _release(claim, release.response.status_code)

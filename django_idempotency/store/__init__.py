@@ -36,7 +36,6 @@ if TYPE_CHECKING:
     from django_idempotency.store.settle import (
         abandon,
         advance,
-        commits_with_completion,
         complete,
         extend,
         release,
@@ -67,7 +66,6 @@ __all__ = [
     "abandon",
     "advance",
     "claim",
-    "commits_with_completion",
     "complete",
     "decode_body",
     "encode_body",
@@ -93,7 +91,6 @@ _HOMES = {
     "fetch": "rows",
     "abandon": "settle",
     "advance": "settle",
-    "commits_with_completion": "settle",
     "complete": "settle",
     "extend": "settle",
     "release": "settle",

@@ -47,9 +47,7 @@ logger = logging.getLogger("django_idempotency")
 #: bound on the server, instead of in the query's text: Django's default client-side
 #: binding escapes a body into hexadecimal text inside the query, which holds about
 #: 4.5 times the body in memory at once; bound, the body is sent as it is (about 1 time;
-#: docs/benchmarks.md, "Memory per request"). Such a completion cannot carry the
-#: transaction's ``COMMIT`` (one statement per message), which then costs its own
-#: round trip: nothing beside sending this much data.
+#: docs/benchmarks.md, "Memory per request").
 BOUND_BODY_BYTES = 64 * 1024
 
 
@@ -82,24 +80,6 @@ def _fenced_errors(claim: Claim) -> Iterator[None]:
         raise
 
 
-def commits_with_completion(connection: Any) -> bool:
-    """Whether :func:`complete` can send the ``COMMIT`` with the completion, on the wire.
-
-    Asked by the caller of ``complete(..., commit=True)`` after it made sure that the
-    transaction is its own outermost block. ``True`` on PostgreSQL with psycopg 3 and
-    Django's default client-side binding (several statements in one simple query), at
-    READ COMMITTED (neither Django's ``isolation_level`` nor, as claims found out, the
-    server's default above it). No query is sent.
-    """
-    if connection.vendor != "postgresql" or stricter_than_read_committed(connection):
-        return False  # Django's level or, as claims found out, the server's default
-    if connection.settings_dict.get("OPTIONS", {}).get("server_side_binding") is True:
-        return False
-    from django.db.backends.postgresql.psycopg_any import is_psycopg3
-
-    return bool(is_psycopg3)
-
-
 def _binds(connection: Any) -> bool:
     """Whether a completion on ``connection`` can bind its body on the server (psycopg 3)."""
     from django.db.backends.postgresql.psycopg_any import is_psycopg3
@@ -126,8 +106,8 @@ def _bound_cursor(connection: Any) -> Any:
     """A cursor on ``connection`` that binds its parameters on the server (psycopg 3).
 
     Never prepared (safe behind a transaction pooler). Wrapped as Django wraps its own
-    cursors: its execute wrappers (held savepoint releases, the write guard) and its
-    query log see the statement.
+    cursors: its execute wrappers (the write guard) and its query log see the
+    statement.
     """
     connection.ensure_connection()
     with connection.wrap_database_errors:
@@ -137,33 +117,24 @@ def _bound_cursor(connection: Any) -> Any:
     return connection.make_cursor(raw)
 
 
-def complete(claim: Claim, response: StoredResponse, *, commit: bool = False) -> bool:
+def complete(claim: Claim, response: StoredResponse) -> None:
     """Mark the claim completed with ``response``, fenced by the owner token.
 
     Must run inside the atomic block that holds the view's business writes, so the
-    effect and the record commit together. The body is written through
-    :func:`encode_body`: dropped past ``MAX_RESPONSE_BYTES``, else encoded by
-    ``BODY_CODEC``. On PostgreSQL the fenced ``UPDATE`` runs in the server-side function
-    ``django_idempotency_complete`` (planned once per session).
+    effect and the record commit together: the block's exit commits both. The body is
+    written through :func:`encode_body`: dropped past ``MAX_RESPONSE_BYTES``, else
+    encoded by ``BODY_CODEC``. On PostgreSQL the fenced ``UPDATE`` runs in the
+    server-side function ``django_idempotency_complete`` (planned once per session),
+    which raises when it matches no row; elsewhere the ``UPDATE``'s row count is
+    checked.
 
     Args:
         claim: the claim this request owns.
         response: what to store.
-        commit: send the transaction's ``COMMIT`` in the same round trip (the caller
-            checked :func:`commits_with_completion` and that the transaction is its
-            outermost block, whose exit then finds nothing left to commit). A lost
-            lease aborts the transaction before the ``COMMIT`` runs. Not done for a
-            body of :data:`BOUND_BODY_BYTES` or more, which is bound on the server.
-
-    Returns:
-        Whether the transaction was committed here (the caller's block commits it
-        otherwise).
 
     Raises:
         LeaseLost: no row matched: the lease ran out and another request took the key
             over. Let it propagate out of the atomic block so everything rolls back.
-        django.db.IntegrityError: with ``commit``, the ``COMMIT`` refused the view's
-            writes (a deferred constraint); the record table has none of its own.
     """
     body = encode_body(response.body)
     if body is None:
@@ -175,40 +146,7 @@ def complete(claim: Claim, response: StoredResponse, *, commit: bool = False) ->
         )
     headers = [list(pair) for pair in response.headers]
     connection = connections[claim.using]
-    if connection.vendor == "postgresql":
-        params: dict[str, Any] = {
-            "status": response.status,
-            "headers": json.dumps(headers),
-            "body": body,
-            "id": claim.record_id,
-            "token": claim.owner_token,
-            "grace": claim.lease,
-            "clock_offset": clock.offset(),
-            # The partition key: one day partition planned and touched, not all.
-            "sweep_after": claim.sweep_after,
-        }
-        unlock = claim.present and presence.holds(claim)  # the lock goes in the statement
-        if unlock:
-            params.update(scope_filter(claim.scope))
-        bound = body is not None and len(body) >= BOUND_BODY_BYTES and _binds(connection)
-        if bound:
-            commit = False  # the caller's block commits: one statement per message
-        try:
-            with _fenced_errors(claim):
-                if bound:
-                    with _bound_cursor(connection) as cursor:
-                        cursor.execute(complete_bound_sql(unlock=unlock), params)
-                else:
-                    with connection.cursor() as cursor:
-                        cursor.execute(complete_call_sql(unlock=unlock, commit=commit), params)
-        except LeaseLost as lost:
-            if unlock and sqlstate_of(lost.__cause__) == FENCED_SQLSTATE:
-                presence.dropped(claim)  # the function released the lock, then raised
-            raise
-        if unlock:
-            presence.dropped(claim)
-        return commit
-    else:
+    if connection.vendor != "postgresql":
         now = now_value(claim.using)
         updated = _fenced(claim).update(
             state=RecordState.COMPLETED,
@@ -219,9 +157,38 @@ def complete(claim: Claim, response: StoredResponse, *, commit: bool = False) ->
             lease_until=now,
             expires_at=Greatest(F("expires_at"), now_value(claim.using, claim.lease)),
         )
-    if updated != 1:
-        raise LeaseLost(f"record {claim.record_id}: the lease was lost before completion")
-    return False
+        if updated != 1:
+            raise LeaseLost(f"record {claim.record_id}: the lease was lost before completion")
+        return
+    params: dict[str, Any] = {
+        "status": response.status,
+        "headers": json.dumps(headers),
+        "body": body,
+        "id": claim.record_id,
+        "token": claim.owner_token,
+        "grace": claim.lease,
+        "clock_offset": clock.offset(),
+        # The partition key: one day partition planned and touched, not all.
+        "sweep_after": claim.sweep_after,
+    }
+    unlock = claim.present and presence.holds(claim)  # the lock goes in the statement
+    if unlock:
+        params.update(scope_filter(claim.scope))
+    bound = body is not None and len(body) >= BOUND_BODY_BYTES and _binds(connection)
+    try:
+        with _fenced_errors(claim):
+            if bound:
+                with _bound_cursor(connection) as cursor:
+                    cursor.execute(complete_bound_sql(unlock=unlock), params)
+            else:
+                with connection.cursor() as cursor:
+                    cursor.execute(complete_call_sql(unlock=unlock), params)
+    except LeaseLost as lost:
+        if unlock and sqlstate_of(lost.__cause__) == FENCED_SQLSTATE:
+            presence.dropped(claim)  # the function released the lock, then raised
+        raise
+    if unlock:
+        presence.dropped(claim)
 
 
 def release(claim: Claim) -> bool:

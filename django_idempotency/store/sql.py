@@ -141,12 +141,11 @@ WHERE id = %(id)s AND owner_token = %(token)s AND state = 'claimed'
 
 #: Completion through ``django_idempotency_complete`` (``schema.functions``), fenced by
 #: the owner token: planned once per session, and raising when the fence matches no
-#: row, so that the transaction's ``COMMIT`` may follow in the same round trip (several
-#: statements in one simple query): a lost lease aborts the transaction before that
-#: ``COMMIT`` runs. With the partition key (the partitioned claim returns it)
-#: PostgreSQL plans and touches one day partition instead of every one. The response
-#: stays replayable for at least ``grace`` seconds (the lease) after it commits, even
-#: when the completion comes late in the window (docs/retention.md).
+#: row (the caller turns that into ``LeaseLost``). With the partition key (the
+#: partitioned claim returns it) PostgreSQL plans and touches one day partition instead
+#: of every one. The response stays replayable for at least ``grace`` seconds (the
+#: lease) after it commits, even when the completion comes late in the window
+#: (docs/retention.md).
 _COMPLETE_CALL = (
     "SELECT django_idempotency_complete(%(id)s, %(token)s, %(sweep_after)s, %(status)s, "
     "%(headers)s::jsonb, %(body)s, %(grace)s, %(clock_offset)s, {unlock})"
@@ -165,22 +164,19 @@ _COMPLETE_BOUND_CALL = (
 def complete_bound_sql(*, unlock: bool) -> str:
     """The completion through the server-side function, its parameters bound server-side.
 
-    One statement (the extended protocol takes no second): the transaction's ``COMMIT``
-    is the caller's. ``unlock``: as in :func:`complete_call_sql`.
+    ``unlock``: as in :func:`complete_call_sql`.
     """
     key = presence_key().replace("%(principal)s", "%(principal)s::text")
     return _COMPLETE_BOUND_CALL.format(unlock=key if unlock else "NULL")
 
 
-def complete_call_sql(*, unlock: bool, commit: bool) -> str:
+def complete_call_sql(*, unlock: bool) -> str:
     """The completion through the server-side function.
 
     ``unlock``: the presence lock is released in the same statement (the parameters
-    then include the scope); ``commit``: the transaction's ``COMMIT`` follows in the
-    same round trip.
+    then include the scope).
     """
-    sql = _COMPLETE_CALL.format(unlock=_KEY if unlock else "NULL")
-    return f"{sql};\nCOMMIT" if commit else sql
+    return _COMPLETE_CALL.format(unlock=_KEY if unlock else "NULL")
 
 
 #: Release (delete) of a claim we own, with no recovery point, fenced, then the

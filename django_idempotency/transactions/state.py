@@ -47,25 +47,6 @@ def atomic(using: str, *, durable: bool = False) -> transaction.Atomic:
     return _AppAtomic(using, True, durable)
 
 
-def outermost_own(using: str) -> bool:
-    """Whether the app's own block on ``using`` is the transaction, with no block around.
-
-    ``True`` when exactly one ``atomic()`` block is open on ``using``, it is the app's
-    (:func:`atomic`), it opened the transaction (autocommit was on) and no savepoint of
-    a block inside it is open: its exit will commit. Inside a test case's block, an
-    ``ATOMIC_REQUESTS`` block or manual transactions it is ``False``. No query is sent.
-    """
-    connection = connections[using]
-    blocks: list[Any] = connection.atomic_blocks
-    return (
-        len(blocks) == 1
-        and isinstance(blocks[0], _AppAtomic)
-        and connection.commit_on_exit
-        and not connection.savepoint_ids
-        and not connection.closed_in_transaction
-    )
-
-
 def doomed(using: str) -> str:
     """Why the transaction on ``using`` can no longer commit, or ``""`` (no query sent).
 

@@ -114,7 +114,6 @@ RECEIVERS = "tests/inbox/test_receivers.py"
 DATABASES = "tests/store/test_routing.py"
 FINGERPRINT = "tests/protocol/test_fingerprint.py"
 REPLAY_HEADERS = "tests/protocol/test_replay_headers.py"
-SAVEPOINTS = "tests/transactions/test_savepoints.py"
 RETENTION = "tests/retention/test_sweeper.py"
 VIEW_TX = "tests/transactions/test_view_transactions.py"
 
@@ -450,8 +449,8 @@ MUTANTS: list[Mutant] = [
             f"{GUARDS}::test_a_fenced_completion_rolls_back_the_views_writes",
         ),
         backends=(PG,),
-        what="a completion that matched no row does not raise: the COMMIT sent with it "
-        "commits the view's writes without their record",
+        what="a completion that matched no row does not raise: the view's writes commit "
+        "without their record",
     ),
     m(
         "S14f",
@@ -478,159 +477,6 @@ MUTANTS: list[Mutant] = [
         backends=(PG,),
         what="a completion late in the window not kept a lease longer "
         "(django_idempotency_complete)",
-    ),
-    m(
-        "X1",
-        "transactions/savepoints.py",
-        "        self.flush()\n        if ours is None",
-        "        if ours is None",
-        tests=("tests/transactions/test_savepoints.py",),
-        backends=(PG,),
-        what="a held RELEASE SAVEPOINT not sent before the next statement",
-    ),
-    m(
-        "X2",
-        "transactions/savepoints.py",
-        "            and self._status() == _INTRANS\n",
-        "",
-        tests=("tests/transactions/test_savepoints.py",),
-        backends=(PG,),
-        what="a RELEASE held in an aborted transaction (Django's failure handling skipped)",
-    ),
-    m(
-        "X3",
-        "transactions/savepoints.py",
-        "return not self.connection.queries_logged and self.connection.execute_wrappers",
-        "return self.connection.execute_wrappers",
-        tests=("tests/transactions/test_query_log.py", "tests/transactions/test_savepoints.py"),
-        backends=(PG,),
-        what="releases held, and the first savepoint sent with the BEGIN, while Django logs "
-        "queries",
-    ),
-    m(
-        "X18",
-        "transactions/savepoints.py",
-        "            and self._status() == _IDLE\n",
-        "",
-        tests=("tests/transactions/test_savepoints.py",),
-        backends=(PG,),
-        what="a BEGIN sent with a savepoint inside an open transaction",
-    ),
-    m(
-        "X19",
-        "transactions/savepoints.py",
-        "            and raw.isolation_level is None\n",
-        "",
-        tests=("tests/transactions/test_savepoints.py",),
-        backends=(PG,),
-        what="the first savepoint's BEGIN without the isolation level psycopg's would say",
-    ),
-    m(
-        "X4",
-        "transactions/savepoints.py",
-        '    if connection.vendor != "postgresql" or any(\n'
-        "        isinstance(active, ViewSavepoints) for active in connection.execute_wrappers\n"
-        "    ):\n",
-        '    if connection.vendor != "postgresql":\n',
-        tests=(
-            "tests/protocol/test_nested_views.py::test_an_idempotent_view_called_inside_another_runs_both_once",
-        ),
-        backends=(PG,),
-        what="a second savepoint wrapper for a view inside another's transaction",
-        equivalent=(
-            "the inner view's wrapper is then the innermost and holds its releases; the "
-            "outer one is not and passes them through. Those the inner one drops at its "
-            "completion leave savepoints that the release of its own block's savepoint "
-            "releases. (This guard once mattered: each wrapper held the other's "
-            "releases; each release is now held only by the innermost wrapper, for a "
-            "savepoint it saw placed.)"
-        ),
-    ),
-    m(
-        "X5",
-        "transactions/savepoints.py",
-        "        if self._status() != _INTRANS:\n",
-        "        if self._status() not in (_INTRANS, _INERROR):\n",
-        tests=("tests/transactions/test_first_block.py",),
-        backends=(PG,),
-        what="held releases sent into a transaction a statement past the wrappers aborted",
-    ),
-    m(
-        "X6",
-        "transactions/savepoints.py",
-        "            name in self.placed  # a release of one destroyed meanwhile fails at once\n"
-        "            and ",
-        "            ",
-        tests=("tests/transactions/test_savepoint_equivalence.py",),
-        backends=(PG,),
-        what="a release held for a savepoint a rollback destroyed (its error raised late)",
-    ),
-    m(
-        "X7",
-        "transactions/savepoints.py",
-        "return not self.connection.queries_logged and self.connection.execute_wrappers[-1] "
-        "is self\n",
-        "return not self.connection.queries_logged\n",
-        tests=("tests/transactions/test_savepoints.py",),
-        backends=(PG,),
-        what="releases held from a wrapper the view installed inside the app's",
-    ),
-    m(
-        "X8",
-        "transactions/savepoints.py",
-        "        with self.connection.wrap_database_errors, raw.cursor() as cursor:\n",
-        "        with self.connection.cursor() as cursor:\n",
-        tests=("tests/transactions/test_savepoint_equivalence.py",),
-        backends=(PG,),
-        what="held releases sent through Django's wrappers and query log, late",
-    ),
-    m(
-        "X9",
-        "transactions/savepoints.py",
-        '            for query in statements if pipelined else ["; ".join(statements)]:\n',
-        '            for query in ["; ".join(statements)]:\n',
-        tests=("tests/transactions/test_savepoints.py",),
-        backends=(PG,),
-        what="held releases joined in one query in psycopg's pipeline mode",
-    ),
-    m(
-        "X10",
-        "transactions/savepoints.py",
-        "            del self.placed[self.placed.index(name) + (verb == _ROLLBACK_TO) :]\n",
-        "            del self.placed[self.placed.index(name) :]\n",
-        tests=("tests/transactions/test_savepoints.py",),
-        backends=(PG,),
-        what="a savepoint counted as gone after a rollback to it (it stands)",
-    ),
-    m(
-        "X11",
-        "transactions/savepoints.py",
-        "        if ours is None and (not isinstance(sql, str) or _ENDS_SAVEPOINTS.search(sql)):\n",
-        "        if False:\n",
-        tests=("tests/transactions/test_held_releases.py",),
-        backends=(PG,),
-        what="releases still held after SQL of the view's own rolled back their savepoints",
-    ),
-    m(
-        "X12",
-        "transactions/savepoints.py",
-        "        if self._status() != _INTRANS:\n            # Aborted by a statement past",
-        "        if self._status() == _INERROR:\n            # Aborted by a statement past",
-        tests=("tests/transactions/test_held_releases.py",),
-        backends=(PG,),
-        what="held releases sent on a closed connection (the wrong error raised)",
-    ),
-    m(
-        "X13",
-        "transactions/savepoints.py",
-        "        for index in range(len(connection.execute_wrappers) - 1, -1, -1):\n"
-        "            if connection.execute_wrappers[index] is wrapper:\n"
-        "                del connection.execute_wrappers[index]\n"
-        "                break\n",
-        "        connection.execute_wrappers.pop()\n",
-        tests=("tests/transactions/test_held_releases.py",),
-        backends=(PG,),
-        what="the last wrapper removed, the view's own if it left one, not the app's",
     ),
     m(
         "X14",
@@ -913,15 +759,7 @@ MUTANTS: list[Mutant] = [
         "protocol/execute.py",
         (
             (
-                "            try:\n"
-                "                store.complete(claim, stored, commit=commit)\n"
-                "            except IntegrityError:\n"
-                "                if commit:  # the record's UPDATE has no constraint: "
-                "the COMMIT refused\n"
-                '                    stage = "commit"  # the view\'s writes '
-                "(a deferred constraint)\n"
-                "                raise\n"
-                '            stage = "commit"\n',
+                '            store.complete(claim, stored)\n            stage = "commit"\n',
                 '            stage = "commit"\n',
             ),
             (
@@ -1765,27 +1603,6 @@ MUTANTS: list[Mutant] = [
         "",
         tests=(f"{REPLAY_HEADERS}::test_a_replay_keeps_the_language_of_the_body_it_replays",),
         what="Content-Language left to the retry's LocaleMiddleware: a German body labelled en",
-    ),
-    # savepoints.py: only Django's own release is held
-    m(
-        "W15",
-        "transactions/savepoints.py",
-        "            ours = _DJANGO_SAVEPOINT.fullmatch(sql)",
-        "            ours = _DJANGO_SAVEPOINT.match(sql)",
-        tests=(
-            f"{SAVEPOINTS}::test_sql_that_begins_like_djangos_release_and_goes_on_is_never_held",
-        ),
-        backends=(PG,),
-        what='a view\'s `RELEASE SAVEPOINT "s1_x1"; INSERT ...` held and dropped',
-    ),
-    m(
-        "W16",
-        "transactions/savepoints.py",
-        r'_ENDS_SAVEPOINTS = re.compile(r"\b(?:savepoint|release|rollback|',
-        r'_ENDS_SAVEPOINTS = re.compile(r"\b(?:savepoint|rollback|',
-        tests=(f"{SAVEPOINTS}::test_a_views_own_release_ends_the_holding_in_either_spelling",),
-        backends=(PG,),
-        what="a view's own `RELEASE name` leaves the holding on: a failing release hidden",
     ),
     m(
         "W17",

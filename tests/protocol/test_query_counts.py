@@ -10,11 +10,9 @@ whether the record table is partitioned (cached per connection).
 The contract (docs/benchmarks.md):
 
 * PostgreSQL, keyed first execution: the view's own statements + the claim (1
-  statement) + the completion (1 statement, the server-side function, which carries
-  the ``COMMIT`` of the view's transaction), plus that transaction's ``BEGIN``: 3 round
-  trips more than the same view unkeyed. Django still logs the block's ``COMMIT``,
-  which finds nothing left to send (tests/store/test_claim_commit.py counts what psycopg
-  sends).
+  statement) + the completion (1 statement, the server-side function), plus the view's
+  transaction's ``BEGIN`` and ``COMMIT``: 4 round trips more than the same view
+  unkeyed (tests/store/test_claim_commit.py counts what psycopg sends).
 * PostgreSQL, replay: authentication + exactly 1 statement (the claim, which returns
   the stored response). The view does not run. A key reused with another body (422)
   costs the same.
@@ -91,11 +89,13 @@ def test_keyed_first_execution_costs_the_claim_and_the_completion(
         claim, completion = on_record_table(keyed)
         assert len(data(keyed)) == len(data(unkeyed)) + 2
         # The fenced UPDATE in its server-side function (with owner presence it also
-        # releases the presence lock), then the view's COMMIT in the same round trip.
+        # releases the presence lock), a statement of its own.
         assert completion.startswith("SELECT django_idempotency_complete(")
-        assert completion.rstrip().endswith("COMMIT")
-        # Logged: the view's BEGIN, and the block's COMMIT that had nothing to send.
+        assert "COMMIT" not in completion
+        # The view's transaction: BEGIN, then the block's COMMIT after the completion.
         assert control(keyed) == ["BEGIN", "COMMIT"]
+        assert keyed.index(completion) < len(keyed) - 1
+        assert control(keyed[keyed.index(completion) + 1 :]) == ["COMMIT"]
         assert len(keyed) == len(unkeyed) + 4
     else:
         # SQLite: the claim looks for the key, then inserts in its own BEGIN / COMMIT.

@@ -6,10 +6,10 @@
 * The completion names the record's partition key (``sweep_after``, returned by the
   partitioned claim), so PostgreSQL touches one day partition; the key is part of the
   fence.
-* Where the app's block is the transaction, the completion carries its ``COMMIT`` (one
-  round trip): a lost lease aborts the transaction before that ``COMMIT`` runs, a
-  deferred constraint it violates is still the view's error, and above READ
-  COMMITTED the ``COMMIT`` goes on its own.
+
+The completion is a fenced statement inside the view's transaction, which the app's
+block then commits: a lost lease rolls the view's writes back, and a deferred constraint
+the view's writes violate at that ``COMMIT`` is the view's error.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from django.db import connection, transaction
 from django_idempotency import exceptions, store, transactions
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.store import claims as store_claims
-from django_idempotency.store import isolation as store_isolation
 from django_idempotency.store import rows as store_rows
 from tests.support.concurrency import token_client
 from tests.support.factories import TokenFactory
@@ -96,10 +95,12 @@ def test_the_completion_is_fenced_by_the_partition_key_too(record_table):
     assert IdempotencyRecord.objects.get(pk=won.record_id).state == "completed"
 
 
-# --- The COMMIT sent with the completion ---------------------------------------------
+# --- The completion and the view's COMMIT -------------------------------------------
 
 
-def test_the_completion_carries_the_views_commit(record_table, commands, statements):
+def test_the_completion_commits_with_the_views_writes(record_table, commands, statements):
+    """One transaction: psycopg's ``BEGIN``, the view's writes, the fenced completion,
+    then the block's ``COMMIT``; both are visible to another session afterwards."""
     token = TokenFactory(user__username="commit-with")
     commands.clear()
     statements.clear()
@@ -108,8 +109,8 @@ def test_the_completion_carries_the_views_commit(record_table, commands, stateme
     )
     assert response.status_code == 201, response.content
     completion = [sql for sql in statements if "django_idempotency_complete(" in sql]
-    assert len(completion) == 1 and completion[0].rstrip().endswith("COMMIT")
-    assert commands == [b"BEGIN"]  # the view's; no COMMIT of its own: none left to send
+    assert len(completion) == 1 and "COMMIT" not in completion[0]
+    assert commands == [b"BEGIN", b"COMMIT"]  # the view's transaction, Django's COMMIT
     widget = response.json()["id"]
     assert committed_elsewhere("SELECT name FROM testapp_widget WHERE id = %s", widget) == (
         "one-trip"
@@ -118,17 +119,16 @@ def test_the_completion_carries_the_views_commit(record_table, commands, stateme
     assert state == "completed"
 
 
-def test_a_lease_lost_before_the_committing_completion_commits_nothing(record_table):
+def test_a_lease_lost_at_the_completion_commits_nothing(record_table):
     won = claim(scope())
     stolen = dataclasses.replace(won, owner_token=uuid.uuid4())  # as if taken over
     with pytest.raises(exceptions.LeaseLost), transactions.atomic("default"):
         Widget.objects.create(name="must-not-commit")
-        assert store.commits_with_completion(connection)
-        store.complete(stolen, RESPONSE, commit=True)
+        store.complete(stolen, RESPONSE)
     assert committed_elsewhere("SELECT count(*) FROM testapp_widget") == 0
     assert IdempotencyRecord.objects.get(pk=won.record_id).state == "claimed"
     with transactions.atomic("default"):  # its rightful owner still completes it
-        assert store.complete(won, RESPONSE, commit=True) is True
+        store.complete(won, RESPONSE)
     assert (
         committed_elsewhere(
             "SELECT state FROM django_idempotency_record WHERE id = %s", won.record_id
@@ -149,7 +149,7 @@ def test_the_completion_function_raises_when_fenced_off(record_table):
         assert f"record {stale.record_id} was fenced off" in str(raised.value.__cause__)
     assert IdempotencyRecord.objects.get(pk=won.record_id).state == "claimed"
     with transaction.atomic():
-        assert store.complete(won, RESPONSE) is False  # not asked to commit: it did not
+        store.complete(won, RESPONSE)
     row = IdempotencyRecord.objects.get(pk=won.record_id)
     assert (row.state, row.response_status, bytes(row.response_body)) == ("completed", 201, b"{}")
 
@@ -164,46 +164,17 @@ def test_a_completion_late_in_a_short_window_pushes_the_window_past_its_lease(re
         stale = dataclasses.replace(won, owner_token=uuid.uuid4())
         with pytest.raises(exceptions.LeaseLost), transaction.atomic():
             store.complete(stale, RESPONSE)
-        assert store.complete(won, RESPONSE) is False
+        store.complete(won, RESPONSE)
         row = IdempotencyRecord.objects.get(pk=won.record_id)
         assert row.state == "completed" and row.expires_at > window
 
 
-def test_no_committing_completion_above_read_committed_or_with_server_binding(
-    record_table, monkeypatch
-):
-    options = connection.settings_dict.setdefault("OPTIONS", {})
-    assert store.commits_with_completion(connection)
-    from django.db.backends.postgresql.psycopg_any import IsolationLevel
-
-    monkeypatch.setitem(options, "isolation_level", IsolationLevel.REPEATABLE_READ)
-    assert not store.commits_with_completion(connection)
-    monkeypatch.setitem(options, "isolation_level", IsolationLevel.READ_COMMITTED)
-    assert store.commits_with_completion(connection)
-    monkeypatch.setattr(store_isolation, "strict_databases", {"default"})  # the server's default
-    assert not store.commits_with_completion(connection)  # is stricter (claims found out)
-    monkeypatch.setattr(store_isolation, "strict_databases", set())
-    assert store.commits_with_completion(connection)
-    monkeypatch.setitem(options, "server_side_binding", True)
-    assert not store.commits_with_completion(connection)
-
-
-def test_only_the_apps_outermost_block_commits_with_the_completion(record_table):
-    assert not transactions.outermost_own("default")  # no block at all
-    with transactions.atomic("default"):
-        assert transactions.outermost_own("default")
-        with transaction.atomic():  # a savepoint inside: the view's block still open
-            assert not transactions.outermost_own("default")
-        assert transactions.outermost_own("default")
-    with transaction.atomic(), transactions.atomic("default"):  # someone else's outside
-        assert not transactions.outermost_own("default")
-
-
-def test_a_deferred_constraint_refused_by_the_committing_completion_is_the_views_error(
+def test_a_deferred_constraint_refused_at_the_commit_after_the_completion_is_the_views_error(
     record_table, statements
 ):
-    """The COMMIT that carries the completion raises the view's IntegrityError (every
-    foreign key Django creates on PostgreSQL is DEFERRABLE INITIALLY DEFERRED)."""
+    """The block's COMMIT after the completion raises the view's IntegrityError (every
+    foreign key Django creates on PostgreSQL is DEFERRABLE INITIALLY DEFERRED), and
+    neither the view's writes nor the completion commit."""
     from django.db import IntegrityError
 
     token = TokenFactory(user__username="deferred-commit")

@@ -3,8 +3,8 @@
 Django's default client-side binding would escape it into the query's text (several
 times the body in memory); from ``BOUND_BODY_BYTES`` on, the completion binds it on the
 server instead. The completion stays fenced, commits with the view's writes (by the
-view's block, since one bound statement cannot carry the ``COMMIT``), is seen by
-execute wrappers, and never leaves a prepared statement a pooler could lose.
+view's block), is seen by execute wrappers, and never leaves a prepared statement a
+pooler could lose.
 """
 
 from __future__ import annotations
@@ -76,11 +76,11 @@ def test_a_fenced_large_completion_rolls_the_views_writes_back(record_table):
     stolen = dataclasses.replace(won, owner_token=uuid.uuid4())  # as if taken over
     with pytest.raises(exceptions.LeaseLost), transactions.atomic("default"):
         Widget.objects.create(name="must-not-commit")
-        store.complete(stolen, BIG, commit=True)
+        store.complete(stolen, BIG)
     assert committed_elsewhere("SELECT count(*) FROM testapp_widget") == 0
     assert IdempotencyRecord.objects.get(pk=won.record_id).state == "claimed"
     with transactions.atomic("default"):  # its owner completes it; the block commits
-        assert store.complete(won, BIG, commit=True) is False
+        store.complete(won, BIG)
     assert committed_elsewhere(
         "SELECT state FROM django_idempotency_record WHERE id = %s", won.record_id
     ) == ("completed")

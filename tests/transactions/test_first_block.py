@@ -1,8 +1,8 @@
 """Views whose first statement opens a block (a savepoint first) on real PostgreSQL:
-the view's transaction starts as Django believes it does (psycopg never switched to
-autocommit inside Django's block), its held releases are sent in order, and every
-failure (an error, a 503, a takeover, a killed connection) leaves a fresh connection
-for the next request."""
+the view works as it does without the app (a locking iterator, a caught failing COPY),
+its writes commit with the completion, and every failure (an error, a 503, a takeover,
+a killed connection) commits nothing and leaves a fresh connection for the next
+request."""
 
 from __future__ import annotations
 
@@ -11,10 +11,8 @@ from typing import Any
 
 import pytest
 from django.db import connection
-from django.test.utils import CaptureQueriesContext
 
 from django_idempotency.models import IdempotencyRecord
-from django_idempotency.store import isolation as store_isolation
 from tests.support.concurrency import token_client
 from tests.support.factories import TokenFactory
 from tests.support.faults import admin_connection, terminate
@@ -32,12 +30,10 @@ def post(path: str, key: str | None, data: dict[str, Any] | None = None) -> Any:
 
 def test_a_locking_iterator_works_in_a_view_whose_first_statement_is_a_savepoint():
     """Django declares ``.iterator()``'s server-side cursor ``WITH HOLD`` when the
-    *psycopg* connection is in autocommit (``withhold=self.connection.autocommit`` in
-    django/db/backends/postgresql/base.py), and PostgreSQL refuses ``WITH HOLD`` with
-    ``FOR UPDATE``. The view's first savepoint must not carry the transaction's ``BEGIN``
-    by switching psycopg to autocommit while the view runs in the app's transaction
-    (this view would fail with a 500, NotSupportedError): psycopg stays as Django set
-    it, and the view, whose first statement is a savepoint, works."""
+    driver's connection is in autocommit, and PostgreSQL refuses ``WITH HOLD`` with
+    ``FOR UPDATE``: inside the app's transaction the view's locking iterator, after a
+    first block, works (201), as it does inside ``transaction.atomic()`` without the
+    app."""
     keyed = post("/first-block/lock-iterate", str(uuid.uuid4()))
     assert keyed.status_code == 201, keyed.content[:300]
     assert keyed.json() == {"names": ["first"]}
@@ -45,24 +41,13 @@ def test_a_locking_iterator_works_in_a_view_whose_first_statement_is_a_savepoint
 
 
 def test_a_caught_failing_copy_after_a_closed_block_keeps_the_views_writes():
-    """A statement that bypasses Django's execute wrappers (psycopg's ``cursor.copy()``)
-    and fails aborts the transaction while the inner block's release is still held.
-    Django then rolls back to the outer block's savepoint, which recovers the
-    transaction, but the wrapper first sends the held ``RELEASE SAVEPOINT`` into the
-    aborted transaction: it fails, Django's rollback to the savepoint is skipped and the
-    whole app block is marked for rollback. The view's next write then raises
-    (``TransactionManagementError``): a 500 and the view's committed-before writes lost,
-    where without the held release the view answers 201 and keeps them."""
+    """A failing ``cursor.copy()`` caught outside its block rolls that block back to its
+    savepoint: the view's writes before and after it commit with the completion, as
+    without a key."""
     unkeyed = post("/first-block/copy-caught", None)
     assert unkeyed.status_code == 201, unkeyed.content
     assert sorted(Widget.objects.values_list("name", flat=True)) == ["after", "kept"]
     Widget.objects.all().delete()
-    with CaptureQueriesContext(connection):  # the control: while logging, nothing is held
-        control = post("/first-block/copy-caught", str(uuid.uuid4()))
-    assert control.status_code == 201, control.content[:300]
-    assert sorted(Widget.objects.values_list("name", flat=True)) == ["after", "kept"]
-    Widget.objects.all().delete()
-    IdempotencyRecord.objects.all().delete()
     keyed = post("/first-block/copy-caught", str(uuid.uuid4()))
     assert keyed.status_code == 201, keyed.content[:300]
     assert sorted(Widget.objects.values_list("name", flat=True)) == ["after", "kept"]
@@ -101,12 +86,9 @@ def assert_fresh() -> None:
     assert again.status_code == 201, again.content[:300]
 
 
-def test_the_two_step_completion_of_a_view_that_opens_a_block_first(
-    monkeypatch: pytest.MonkeyPatch,
-):
-    """The server's default isolation is stricter (store_isolation.strict_databases): no COMMIT
-    with the completion; the COMMIT goes on its own at the block's exit."""
-    monkeypatch.setattr(store_isolation, "strict_databases", {"default"})
+def test_a_view_that_opens_a_block_first_commits_its_writes_with_the_completion():
+    """Both blocks' writes and the completed record commit together; after it, and
+    after a view that raised, the connection is fresh."""
     assert post("/first-block/block-then", str(uuid.uuid4())).status_code == 201
     assert committed() == ["first", "last"]
     assert IdempotencyRecord.objects.get().state == "completed"
@@ -146,8 +128,8 @@ def test_a_connection_killed_after_a_view_that_opens_a_block_first():
 
 
 def test_a_connection_killed_before_the_first_block_of_a_view():
-    """The first block's ``BEGIN; SAVEPOINT`` meets a dead connection: the request fails
-    with nothing committed, and the next request gets a fresh connection."""
+    """The first block's statement meets a dead connection: the request fails with
+    nothing committed, and the next request gets a fresh connection."""
     HOOKS["before_block"] = lambda request: terminate(connection.connection.info.backend_pid)
     assert post("/first-block/block-then", str(uuid.uuid4())).status_code in (500, 503)
     HOOKS.clear()
@@ -155,29 +137,11 @@ def test_a_connection_killed_before_the_first_block_of_a_view():
     assert_fresh()
 
 
-def test_the_first_block_opens_the_transaction_psycopg_keeps_its_autocommit_flag():
-    """While the view runs, after its first block carried the ``BEGIN``, the driver's
-    connection is in a transaction and its autocommit flag is still off, as Django set
-    it."""
-    seen: list[tuple[int, bool]] = []
-
-    def look(request: object) -> None:
-        raw = connection.connection
-        seen.append((int(raw.info.transaction_status), raw.autocommit))
-
-    HOOKS["during_view"] = look
-    assert post("/first-block/block-then", str(uuid.uuid4())).status_code == 201
-    assert seen == [(2, False)]  # INTRANS
-    assert committed() == ["first", "last"]
-    assert_fresh()
-
-
 def test_a_view_that_opens_a_block_first_on_a_server_defaulting_to_repeatable_read(
     server_repeatable_read: Any,
 ):
-    """The first block's ``BEGIN`` is the plain one psycopg would send: the transaction
-    takes the server's default isolation, as without the app, and the view commits once
-    with its completion."""
+    """The view's transaction takes the server's default isolation, as without the app,
+    and the view's writes commit once with its completion."""
     levels: list[str] = []
 
     def look(request: object) -> None:

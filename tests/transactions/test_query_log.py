@@ -1,6 +1,5 @@
 """Django's query log (``connection.queries``, ``CaptureQueriesContext``, the
-``django.db.backends`` logger) of an idempotent view: every entry is a statement's SQL,
-on PostgreSQL; releases held back never show up as queries without SQL."""
+``django.db.backends`` logger) of an idempotent view: every entry is a statement's SQL."""
 
 from __future__ import annotations
 
@@ -8,6 +7,7 @@ import uuid
 
 import pytest
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from tests.support.concurrency import token_client
 from tests.support.factories import TokenFactory
@@ -15,12 +15,10 @@ from tests.support.factories import TokenFactory
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 
-def test_held_releases_are_not_logged_as_statements_without_sql():
-    """With DEBUG query logging (``connection.queries``, ``assertNumQueries``, the
-    ``django.db.backends`` logger) every entry is a statement's SQL. A release that is
-    held back must not show up as a query whose SQL is ``None``."""
-    from django.test.utils import CaptureQueriesContext
-
+def test_every_logged_query_of_a_keyed_view_with_blocks_is_sql():
+    """With query logging on (``DEBUG``, ``assertNumQueries``, ``CaptureQueriesContext``)
+    every entry of a keyed request, the view's savepoints included, is a statement's
+    SQL: none shows up as a query whose SQL is ``None``."""
     token = TokenFactory(user__username="debug-log")
     with CaptureQueriesContext(connection) as captured:
         response = token_client(token.key).post(
@@ -29,3 +27,4 @@ def test_held_releases_are_not_logged_as_statements_without_sql():
     assert response.status_code == 201, response.content
     sqls = [query["sql"] for query in captured.captured_queries]
     assert all(isinstance(sql, str) for sql in sqls), sqls
+    assert any(sql.startswith("SAVEPOINT") for sql in sqls), sqls

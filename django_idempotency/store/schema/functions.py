@@ -300,9 +300,8 @@ FOR EACH ROW EXECUTE FUNCTION django_idempotency_record_scope_unique()
 #: plain and the partitioned table alike. Its statements are planned once per session
 #: (``plan_cache_mode = force_generic_plan``: the day partition is chosen when the
 #: statement starts, from ``p_sweep_after``) instead of on every call, and it raises
-#: ``FENCED_SQLSTATE`` when the fence matches no row, so the completion can be sent
-#: with the transaction's ``COMMIT`` in one round trip: a lost lease aborts the
-#: transaction before that ``COMMIT`` runs. ``p_unlock``: the presence lock to release
+#: ``FENCED_SQLSTATE`` when the fence matches no row (a lost lease: the caller's
+#: transaction rolls back). ``p_unlock``: the presence lock to release
 #: once the row is updated (locked), or ``NULL``; it is released before the function
 #: raises too (an unlock is not undone by the rollback that follows).
 COMPLETE_FUNCTION = f"""

@@ -47,7 +47,6 @@ urlpatterns = [
     path("first-block/lock-iterate", views.first_block_lock_iterate),
     path("first-block/copy-caught", views.first_block_copy_caught),
     path("first-block/block-then", views.first_block_block_then),
-    path("savepoints/scenario", views.savepoint_scenario),
     path("delegate/outer", views.delegate_outer),
     path("delegate/mixin", views.DelegatingView.as_view()),
     path("delegate/own-request", views.own_request_outer),

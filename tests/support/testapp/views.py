@@ -464,7 +464,7 @@ def atomic_below(request):
 def nested_blocks(request):
     """Blocks inside the app's transaction: one that commits, one that fails and is
     caught (its savepoint rolled back), a write between, and a last block right before
-    the response (tests/transactions/test_savepoints.py)."""
+    the response (tests/transactions/test_nested_blocks.py)."""
     from django.db import IntegrityError
     from rest_framework.authtoken.models import Token
 
@@ -563,9 +563,9 @@ def first_block_copy_caught(request):
 @api_view(["POST"])
 @idempotent(required=False, lease=30)
 def first_block_block_then(request):
-    """A block first (its SAVEPOINT carries the BEGIN), the during_view hook, then the
-    outcome asked for in the body: raise, a status, or set_rollback(True). The
-    before_block hook runs before anything else."""
+    """A block first (its SAVEPOINT the transaction's first statement), the during_view
+    hook, then the outcome asked for in the body: raise, a status, or
+    set_rollback(True). The before_block hook runs before anything else."""
     hook = HOOKS.get("before_block")
     if callable(hook):
         hook(request)
@@ -580,16 +580,6 @@ def first_block_block_then(request):
     with _transaction.atomic():
         Widget.objects.create(name="last")
     return Response({"mode": mode}, status=int(request.data.get("status", 201)))
-
-
-# --- Any scenario, keyed or not (tests/transactions/test_savepoint_equivalence.py)
-
-
-@api_view(["POST"])
-@idempotent(required=False)
-def savepoint_scenario(request):
-    """Runs ``HOOKS["scenario"]()`` and answers 201 with what it returned."""
-    return Response({"result": HOOKS["scenario"]()}, status=201)
 
 
 # --- Idempotent views that call idempotent views (tests/protocol/test_nested_views.py) -------
