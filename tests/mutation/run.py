@@ -2625,11 +2625,12 @@ def enter_schema(""",
 
 
 def _copy_checkout(into: Path) -> None:
-    for name in ("django_idempotency", "tests", "example_project"):
+    # docs/ and the README too: some tests check the docs against the code.
+    for name in ("django_idempotency", "tests", "example_project", "docs"):
         shutil.copytree(
             ROOT / name, into / name, ignore=shutil.ignore_patterns("__pycache__", "var")
         )
-    for name in ("pyproject.toml",):
+    for name in ("pyproject.toml", "README.md"):
         shutil.copy2(ROOT / name, into / name)
 
 
