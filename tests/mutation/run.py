@@ -124,35 +124,18 @@ _PG_TAKEOVER_WHERE = (
     "    FOR UPDATE SKIP LOCKED\n"
 )
 
-# CLAIM_FUNCTION_V3 (_pg_partitioned.py, migration 0005), the version in use: the
-# lookup's test and the DELETE of a record past its window. Version 2, kept beside it
-# for processes of the previous release, has the same DELETE text, so the snippets
-# start in lines of version 3's own.
-_V3_LOOKUP = (
-    "                    v_row.sweep_after;\n"
-    "                RETURN;\n"
-    "            END IF;\n"
-    "        END IF;\n"
+# CLAIM_FUNCTION (store/schema/functions.py): the lookup's test of whether the record
+# stands, and the DELETE of a record past its window.
+_CLAIM_FN_LOOKUP = (
     "        IF v_row.expires_at > v_now\n"
     "           OR (v_row.state = 'claimed' AND v_row.lease_until > v_now) THEN\n"
 )
-_V3_LOOKUP_NO_LEASE = _V3_LOOKUP.replace(
-    "        IF v_row.expires_at > v_now\n"
-    "           OR (v_row.state = 'claimed' AND v_row.lease_until > v_now) THEN\n",
-    "        IF v_row.expires_at > v_now THEN\n",
-)
-_V3_DELETE = (
-    "v_row.response_headers, v_row.response_body, v_row.owner_pid, false, false,\n"
-    "                v_row.sweep_after;\n"
-    "            RETURN;\n"
-    "        END IF;\n"
-    "        -- Past its retention window and its lease: the key is new. Delete the row\n"
-    "        -- and insert a fresh one (the partition key is never rewritten).\n"
-    "        DELETE FROM {TABLE} r\n"
+_CLAIM_FN_LOOKUP_NO_LEASE = "        IF v_row.expires_at > v_now THEN\n"
+_CLAIM_FN_DELETE = (
     "        WHERE r.id = v_row.id AND r.sweep_after = v_row.sweep_after\n"
     "          AND r.expires_at <= v_now AND (r.state = 'completed' OR r.lease_until <= v_now);\n"
 )
-_V3_DELETE_NO_LEASE = _V3_DELETE.replace(
+_CLAIM_FN_DELETE_NO_LEASE = _CLAIM_FN_DELETE.replace(
     "          AND r.expires_at <= v_now AND (r.state = 'completed' OR r.lease_until <= v_now);\n",
     "          AND r.expires_at <= v_now;\n",
 )
@@ -481,8 +464,8 @@ MUTANTS: list[Mutant] = [
     m(
         "X14",
         "store/sql.py",
-        "       by_presence, sweep_after AT TIME ZONE 'UTC' AS sweep_after\n",
-        "       by_presence, sweep_after\n",
+        "       by_presence, sweep_after AT TIME ZONE 'UTC' AS sweep_after, age_seconds,",
+        "       by_presence, sweep_after, age_seconds,",
         tests=("tests/store/test_use_tz_false_fall_back.py",),
         backends=(PG,),
         what="the claim's partition key read as Django reads it (naive local, USE_TZ = False)",
@@ -641,15 +624,15 @@ MUTANTS: list[Mutant] = [
         what="the default outbox dedup key without the owner token: a takeover's insert "
         "waits on the stalled attempt's",
     ),
-    # _pg_partitioned.py: the claim function (re-created by the test database's migrations)
+    # store/schema/functions.py: the claim function (installed by the initial migration)
     m(
         "P1",
         "store/schema/functions.py",
-        _V3_LOOKUP,
-        _V3_LOOKUP_NO_LEASE,
+        _CLAIM_FN_LOOKUP,
+        _CLAIM_FN_LOOKUP_NO_LEASE,
         tests=(GUARDS,),
         backends=(PG,),
-        what="claim function (V3): the lookup ignores a live lease past the window",
+        what="claim function: the lookup ignores a live lease past the window",
         equivalent=(
             "the DELETE that follows re-checks the lease (state = 'completed' OR "
             "lease_until <= now) and returns no row, so the caller re-reads and answers "
@@ -659,29 +642,32 @@ MUTANTS: list[Mutant] = [
     m(
         "P2",
         "store/schema/functions.py",
-        _V3_DELETE,
-        _V3_DELETE_NO_LEASE,
+        _CLAIM_FN_DELETE,
+        _CLAIM_FN_DELETE_NO_LEASE,
         tests=(
             f"{GUARDS}::test_a_heartbeat_after_the_read_keeps_an_expired_record_from_being_forgotten",
         ),
         backends=(PG,),
-        what="claim function (V3): the delete ignores a heartbeat that landed after the lookup",
+        what="claim function: the delete ignores a heartbeat that landed after the lookup",
         equivalent=_INVARIANT.format(what="claim function's DELETE", pair="P2x"),
     ),
     m(
         "P3",
         "store/schema/functions.py",
-        ((_V3_LOOKUP, _V3_LOOKUP_NO_LEASE), (_V3_DELETE, _V3_DELETE_NO_LEASE)),
+        (
+            (_CLAIM_FN_LOOKUP, _CLAIM_FN_LOOKUP_NO_LEASE),
+            (_CLAIM_FN_DELETE, _CLAIM_FN_DELETE_NO_LEASE),
+        ),
         tests=(f"{GUARDS}::test_a_record_past_its_window_is_not_replaced_while_its_lease_is_live",),
         backends=(PG,),
-        what="claim function (V3): a record past its window replaced while its lease is live",
+        what="claim function: a record past its window replaced while its lease is live",
         equivalent=_INVARIANT.format(what="claim function", pair="P3x"),
     ),
     m(
         "P2x",
         "store/schema/functions.py",
-        _V3_DELETE,
-        _V3_DELETE_NO_LEASE,
+        _CLAIM_FN_DELETE,
+        _CLAIM_FN_DELETE_NO_LEASE,
         also=(_HEARTBEAT_WINDOW_PG,),
         tests=(
             f"{GUARDS}::test_a_heartbeat_after_the_read_keeps_an_expired_record_from_being_forgotten",
@@ -692,7 +678,10 @@ MUTANTS: list[Mutant] = [
     m(
         "P3x",
         "store/schema/functions.py",
-        ((_V3_LOOKUP, _V3_LOOKUP_NO_LEASE), (_V3_DELETE, _V3_DELETE_NO_LEASE)),
+        (
+            (_CLAIM_FN_LOOKUP, _CLAIM_FN_LOOKUP_NO_LEASE),
+            (_CLAIM_FN_DELETE, _CLAIM_FN_DELETE_NO_LEASE),
+        ),
         also=(_HEARTBEAT_WINDOW_PG,),
         tests=(f"{GUARDS}::test_a_record_past_its_window_is_not_replaced_while_its_lease_is_live",),
         backends=(PG,),
@@ -1034,17 +1023,15 @@ MUTANTS: list[Mutant] = [
     m(
         "PT2",
         "retention/partitions.py",
-        "                             AND NOT i.inhdetachpending)\n",
-        ")\n",
-        tests=("tests/retention/test_partitions.py",),
-        backends=(PG,),
-        what="a partition left half-detached listed as attached",
-        equivalent=(
-            "a detach is left pending only by a sweep interrupted while dropping a day "
-            "before the cutoff. Listed as attached or not, the next sweep drops it the "
-            "same way (drop() asks pg_inherits itself and finalises the detach), and "
-            "the days it creates ahead are today and later, never that day."
+        "                             AND NOT i.inhdetachpending),\n",
+        "),\n",
+        tests=(
+            "tests/retention/test_late_completions.py::"
+            "test_a_late_completion_behind_a_cancelled_detach_is_attached_back_by_the_next_sweep",
         ),
+        backends=(PG,),
+        what="a partition left half-detached listed as attached: the next sweep probes and "
+        "holds it, never finalising the detach and attaching back a day with a live record",
     ),
     # protocol/drf.py, protocol/decorators.py, checks/stacking.py: protection where it
     # cannot work is refused
@@ -1360,7 +1347,7 @@ MUTANTS: list[Mutant] = [
     m(
         "CL13",
         "store/sql.py",
-        "      AND r.state = 'claimed' AND r.fingerprint = %(fingerprint)s\n",
+        "      AND r.state = 'claimed' AND {_SAME_REQUEST}\n",
         "      AND r.state = 'claimed'\n",
         tests=(
             "tests/store/test_presence.py::test_a_presence_takeover_refuses_a_request_with_another_body",
@@ -1371,13 +1358,13 @@ MUTANTS: list[Mutant] = [
     m(
         "CL14",
         "store/schema/functions.py",
-        "           AND v_row.fingerprint = p_fingerprint AND v_row.owner_pid IS NOT NULL\n",
+        "           AND {_SAME_REQUEST} AND v_row.owner_pid IS NOT NULL\n",
         "           AND v_row.owner_pid IS NOT NULL\n",
         tests=(
             "tests/store/test_presence.py::test_a_presence_takeover_refuses_a_request_with_another_body",
         ),
         backends=(PG,),
-        what="a presence takeover (claim function V3) by a request with another body",
+        what="a presence takeover (claim function) by a request with another body",
     ),
     m(
         "CL15",
@@ -1449,7 +1436,7 @@ MUTANTS: list[Mutant] = [
         "CL21",
         "store/operators.py",
         "        and existing.lease_remaining <= 0\n"
-        "        and existing.fingerprint == fingerprint\n",
+        "        and same_request(existing.fingerprint, fingerprint)\n",
         "        and existing.lease_remaining <= 0\n",
         tests=(
             "tests/protocol/test_replay_negotiation.py::"
@@ -1576,8 +1563,8 @@ MUTANTS: list[Mutant] = [
     m(
         "W12",
         "protocol/fingerprint.py",
-        "            return _form_parts(post, files, (*exclude, *form_exclude))\n",
-        "            return _form_parts(post, files, exclude)\n",
+        "            skip = {*exclude, *form_exclude}\n",
+        "            skip = set(exclude)\n",
         tests=(
             f"{FINGERPRINT}::test_a_form_retried_with_a_re_rendered_csrf_token_is_replayed",
             f"{FINGERPRINT}::test_form_tokens_leave_json_bodies_alone",
@@ -2455,7 +2442,7 @@ def enter_schema(""",
 
 
 def _copy_checkout(into: Path) -> None:
-    # The tests read the docs (the problem types' slugs, the settings' table) and README.
+    # docs/ and the README too: some tests check the docs against the code.
     for name in ("django_idempotency", "tests", "example_project", "docs"):
         shutil.copytree(
             ROOT / name, into / name, ignore=shutil.ignore_patterns("__pycache__", "var")

@@ -50,6 +50,17 @@ def _backend_waits_on_lock(pid: int) -> bool:
     return row is not None and row[0] == "Lock"
 
 
+def _detach_pending(name: str) -> bool:
+    """Whether the partition ``name`` has a detach left pending (``pg_inherits``)."""
+    with connections["default"].cursor() as cursor:
+        cursor.execute(
+            "SELECT EXISTS (SELECT 1 FROM pg_inherits WHERE inhrelid = to_regclass(%s) "
+            "AND inhdetachpending)",
+            [name],
+        )
+        return bool(cursor.fetchone()[0])
+
+
 def _late_claim(key: str) -> store.Claim:
     """A claim made two days ago whose window (60 s) and lease (30 s) are long over,
     nobody having taken it over: its owner may still complete, late."""
@@ -240,3 +251,44 @@ def test_a_writer_begun_after_the_probe_is_waited_for_and_its_day_attached_back(
     assert again.attached
     retry = store.claim(_scope(key), FP, lease=30, retention=60)
     assert isinstance(retry, store.Existing) and retry.completed
+
+
+def test_a_late_completion_behind_a_cancelled_detach_is_attached_back_by_the_next_sweep() -> None:
+    """A late completion begun after the sweeper's probe (window and lease over on an
+    earlier UTC day, nobody took the key over) keeps its transaction open longer than
+    ``partitions.drop()`` lets ``DETACH PARTITION ... CONCURRENTLY`` wait: the detach is
+    cancelled and left pending, and the owner then commits (the client gets its 201).
+    Claims do not see a partition whose detach is pending.
+
+    Expected (docs/retention.md, "Dropping a day": "a detach interrupted half-way is
+    finalised ... by the next run"; "The same second probe covers a detach finalised
+    from an interrupted run"): the next sweep finalises the pending detach, finds the
+    live record in the detached table and attaches the day back (``held``), so the
+    retry replays the 201 instead of running the view again. A sweep that took the
+    pending day for an attached one would only probe it and hold it, leaving it
+    detached: the record out of every claim's sight for the rest of its window."""
+    if not sweeper.is_partitioned(connection):
+        pytest.skip("partitioned table only")
+    from django_idempotency.retention import partitions
+
+    key = str(uuid.uuid4())
+    owner = _late_claim(key)
+    assert owner.sweep_after is not None
+    name = partitions.partition_name(owner.sweep_after.date())
+    (partition,) = [p for p in partitions.list_partitions(connection) if p.name == name]
+    with _completing_late(owner):
+        # The detach waits for the owner's open transaction, and is cancelled.
+        dropper = _Session(lambda: partitions.drop(connection, partition, lock_timeout=0.5))
+        dropper.start()
+        dropper.join(30)
+    assert not dropper.is_alive() and not dropper.results, dropper.results
+    assert [type(e).__name__ for e in dropper.errors] == ["OperationalError"], dropper.errors
+    assert _detach_pending(name), "the cancelled detach was not left pending"
+    report = retention.sweep()
+    assert name in report.held and not report.errors, report.as_dict()
+    retry = store.claim(_scope(key), FP, lease=30, retention=60)
+    assert isinstance(retry, store.Existing) and retry.completed, (
+        f"the committed late completion is not replayed after the sweep "
+        f"{report.as_dict()}: the retry got {retry!r}"
+    )
+    assert not _detach_pending(name)
