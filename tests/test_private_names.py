@@ -25,8 +25,8 @@ def private_imports(source: str) -> list[str]:
 
 
 def test_the_check_finds_a_private_import():
-    assert private_imports("from django_idempotency.store.sql import _T, PG_CLAIM_SQL") == [
-        "django_idempotency.store.sql._T"
+    assert private_imports("from django_idempotency.store.sql import _NOW, PG_CLAIM_SQL") == [
+        "django_idempotency.store.sql._NOW"
     ]
     assert private_imports("from django_idempotency import __version__ as v") == [
         "django_idempotency.__version__"

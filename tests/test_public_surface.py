@@ -336,6 +336,10 @@ def test_the_table_names_are_pinned() -> None:
         "django_idempotency_record",
         "django_idempotency_outbox",
     )
+    # The store's SQL names the record table once; it is the model's.
+    from django_idempotency.store.sql import TABLE
+
+    assert IdempotencyRecord._meta.db_table == TABLE
 
 
 def test_the_admin_templates_are_pinned() -> None:

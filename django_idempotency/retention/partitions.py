@@ -20,7 +20,8 @@ from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_idempotency.store import clock
-from django_idempotency.store.schema.functions import PARTITION_PREFIX, TABLE
+from django_idempotency.store.schema.functions import PARTITION_PREFIX
+from django_idempotency.store.sql import TABLE
 
 
 @dataclass(frozen=True)

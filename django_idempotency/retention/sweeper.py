@@ -50,8 +50,9 @@ from django_idempotency.store import clock
 from django_idempotency.store.catalog import is_partitioned, reload_partition_map
 from django_idempotency.store.clock import store_now
 from django_idempotency.store.routing import record_database
-from django_idempotency.store.schema.functions import SCHEMA_SWEEP_LOCK, SWEEP_LOCK, TABLE
+from django_idempotency.store.schema.functions import SCHEMA_SWEEP_LOCK, SWEEP_LOCK
 from django_idempotency.store.schema.tables import days_ahead
+from django_idempotency.store.sql import TABLE
 from django_idempotency.store.tenants import (
     copy_of,
     current_schema,

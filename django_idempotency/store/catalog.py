@@ -23,11 +23,9 @@ from django.db import DatabaseError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_idempotency.store.isolation import own_transaction
+from django_idempotency.store.sql import TABLE
 
 logger = logging.getLogger("django_idempotency")
-
-#: The record table (``IdempotencyRecord``'s).
-TABLE = "django_idempotency_record"
 
 
 class _Facts(NamedTuple):

@@ -25,7 +25,7 @@ from django_idempotency.store import clock
 from django_idempotency.store.fingerprints import same_request
 from django_idempotency.store.routing import record_database
 from django_idempotency.store.rows import fetch, now_value
-from django_idempotency.store.sql import presence_key
+from django_idempotency.store.sql import TABLE, presence_key
 from django_idempotency.store.values import Existing, Scope
 
 #: A claim whose lease is live and whose owner, where presence is known, is present:
@@ -39,15 +39,14 @@ COMPLETED = "completed"
 #: Every condition a record can be in (a released claim is deleted: it has no row).
 CONDITIONS = (IN_FLIGHT, ABANDONED, COMPLETED)
 
-_T = IdempotencyRecord._meta.db_table
-_PREFIX = f'"{_T}".'
+_PREFIX = f'"{TABLE}".'
 #: On PostgreSQL: the owner's session recorded its presence lock (``owner_pid``) and no
 #: longer holds it, so a claim would take the record over at once. One scan of
 #: ``pg_locks`` per query (an uncorrelated subquery); a one-bigint advisory lock shows
 #: its key's high half in ``classid``, its low half in ``objid``, ``objsubid`` 1.
 _OWNER_GONE_SQL = f"""(
-    "{_T}"."owner_pid" IS NOT NULL
-    AND ("{_T}"."owner_pid", {presence_key(_PREFIX)}) NOT IN (
+    "{TABLE}"."owner_pid" IS NOT NULL
+    AND ("{TABLE}"."owner_pid", {presence_key(_PREFIX)}) NOT IN (
         SELECT l.pid, (l.classid::bigint << 32) | l.objid::bigint
         FROM pg_locks l
         WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted

@@ -10,7 +10,9 @@ from django_idempotency.store import clock
 from django_idempotency.store.fingerprints import same_request_sql
 
 _NOW = "(statement_timestamp() + %(clock_offset)s * interval '1 second')"
-_T = "django_idempotency_record"
+#: The record table (``IdempotencyRecord``'s ``db_table``), named here once for every
+#: statement of the store and the schema.
+TABLE = "django_idempotency_record"
 #: The end of a new claim's retention window: never before its lease ends.
 _WINDOW_END = f"{_NOW} + GREATEST(%(retention)s, %(lease)s) * interval '1 second'"
 #: A collided record's age (seconds since its claim) and its retention window's length
@@ -70,7 +72,7 @@ _HOLD = f"CASE WHEN owner_pid IS NOT NULL THEN pg_try_advisory_lock({_KEY}) ELSE
 #: lock (the caller must release it).
 PG_CLAIM_SQL = f"""
 WITH claimed AS (
-    INSERT INTO {_T} (
+    INSERT INTO {TABLE} (
         principal, endpoint, key, fingerprint, state, owner_token, lease_until,
         recovery_point, response_headers, created_at, expires_at, sweep_after, owner_pid,
         request_path
@@ -84,7 +86,7 @@ WITH claimed AS (
     RETURNING id, owner_pid
 ),
 taken AS (
-    UPDATE {_T} r SET owner_token = %(token)s,
+    UPDATE {TABLE} r SET owner_token = %(token)s,
         lease_until = {_NOW} + %(lease)s * interval '1 second',
         expires_at = GREATEST(r.expires_at, {_NOW} + %(lease)s * interval '1 second'),
         owner_pid = CASE WHEN %(take)s THEN pg_backend_pid() END
@@ -114,7 +116,7 @@ SELECT false, id, owner_token, state, fingerprint, recovery_point,
        EXTRACT(EPOCH FROM lease_until - {_NOW})::float8, expires_at <= {_NOW},
        response_status, response_headers, response_body, NULL::float8,
        owner_pid, false, false, {_AGE}, {_WINDOW}
-FROM {_T}
+FROM {TABLE}
 WHERE principal = %(principal)s AND endpoint = %(endpoint)s AND key = %(key)s
   AND NOT EXISTS (SELECT 1 FROM claimed) AND NOT EXISTS (SELECT 1 FROM taken)
 """
@@ -127,14 +129,14 @@ SELECT false AS won, id, owner_token, state, fingerprint, recovery_point,
        response_status, response_headers, response_body, owner_pid,
        lease_until = created_at AS ended_by_operator,
        {_AGE} AS age_seconds, {_WINDOW} AS window_seconds
-FROM {_T}
+FROM {TABLE}
 WHERE principal = %(principal)s AND endpoint = %(endpoint)s AND key = %(key)s
 """
 
 #: A plain-table claim that queued behind another transaction: its times again, from
 #: after the wait (fenced: a contender that took it over in between keeps it).
 PG_RESTAMP_SQL = f"""
-UPDATE {_T} SET created_at = {_NOW}, lease_until = {_NOW} + %(lease)s * interval '1 second',
+UPDATE {TABLE} SET created_at = {_NOW}, lease_until = {_NOW} + %(lease)s * interval '1 second',
     expires_at = {_WINDOW_END}, sweep_after = {_WINDOW_END}
 WHERE id = %(id)s AND owner_token = %(token)s AND state = 'claimed'
 """
@@ -185,7 +187,7 @@ def complete_call_sql(*, unlock: bool) -> str:
 #: the lock free from then on queues behind the row lock until this transaction ends.
 PG_RELEASE_UNLOCK_SQL = f"""
 WITH gone AS (
-    DELETE FROM {_T}
+    DELETE FROM {TABLE}
     WHERE id = %(id)s AND owner_token = %(token)s AND state = 'claimed'
       AND recovery_point = ''
     RETURNING 1
@@ -201,13 +203,13 @@ PG_WAIT_PRESENCE_SQL = f"SELECT pg_advisory_xact_lock_shared({_KEY})"
 
 #: Then for the row lock of the owner's completion, until its transaction ends.
 PG_WAIT_ROW_SQL = f"""
-SELECT 1 FROM {_T}
+SELECT 1 FROM {TABLE}
 WHERE principal = %(principal)s AND endpoint = %(endpoint)s AND key = %(key)s FOR SHARE
 """
 
 #: Heartbeat: extend a lease we still own (the window never ends before the lease).
 PG_EXTEND_SQL = f"""
-UPDATE {_T} SET lease_until = {_NOW} + %(seconds)s * interval '1 second',
+UPDATE {TABLE} SET lease_until = {_NOW} + %(seconds)s * interval '1 second',
     expires_at = GREATEST(expires_at, {_NOW} + %(seconds)s * interval '1 second')
 WHERE id = %(id)s AND owner_token = %(token)s AND state = 'claimed'
 """
@@ -222,12 +224,12 @@ WHERE id = %(id)s AND owner_token = %(token)s AND state = 'claimed'
 #: can be: leases are positive and heartbeats only move them later).
 PG_TAKEOVER_SQL = f"""
 WITH stale AS (
-    SELECT id, lease_until = created_at AS by_operator FROM {_T}
+    SELECT id, lease_until = created_at AS by_operator FROM {TABLE}
     WHERE id = %(id)s AND state = 'claimed' AND owner_token = %(token)s
       AND recovery_point = %(recovery_point)s AND lease_until <= {_NOW}
     FOR UPDATE SKIP LOCKED
 )
-UPDATE {_T} r SET owner_token = %(new_token)s,
+UPDATE {TABLE} r SET owner_token = %(new_token)s,
     lease_until = {_NOW} + %(lease)s * interval '1 second',
     expires_at = GREATEST(r.expires_at, {_NOW} + %(lease)s * interval '1 second'),
     owner_pid = CASE WHEN %(take)s AND pg_try_advisory_xact_lock({presence_key("r.")})
@@ -242,9 +244,9 @@ RETURNING CASE WHEN r.owner_pid IS NOT NULL
 #: Forget a record past its window and its lease (the plain table), never waiting on
 #: a row another transaction holds.
 PG_FORGET_SQL = f"""
-DELETE FROM {_T}
+DELETE FROM {TABLE}
 WHERE id = (
-    SELECT id FROM {_T}
+    SELECT id FROM {TABLE}
     WHERE id = %(id)s AND owner_token = %(token)s AND expires_at <= {_NOW}
       AND (state = 'completed' OR lease_until <= {_NOW})
     FOR UPDATE SKIP LOCKED

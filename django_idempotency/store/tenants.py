@@ -32,7 +32,7 @@ from django.conf import settings
 from django.db import DatabaseError, InterfaceError, OperationalError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from django_idempotency.store.catalog import TABLE
+from django_idempotency.store.sql import TABLE
 
 logger = logging.getLogger("django_idempotency")
 

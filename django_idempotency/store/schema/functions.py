@@ -25,10 +25,7 @@ fenced completion, on the plain and the partitioned table alike.
 from __future__ import annotations
 
 from django_idempotency.store.fingerprints import same_request_sql
-from django_idempotency.store.sql import PRESENCE_SEED
-
-TABLE = "django_idempotency_record"
-
+from django_idempotency.store.sql import PRESENCE_SEED, TABLE
 
 #: Partition names: ``PARTITION_PREFIX`` + ``YYYYMMDD`` (UTC day of ``sweep_after``).
 PARTITION_PREFIX = f"{TABLE}_p"

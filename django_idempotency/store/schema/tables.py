@@ -28,8 +28,8 @@ from django_idempotency.store.schema.functions import (
     RECORD_FILLFACTOR,
     SCOPE_TRIGGER,
     SCOPE_TRIGGER_FUNCTION,
-    TABLE,
 )
+from django_idempotency.store.sql import TABLE
 
 #: PostgreSQL 14 brought ``DETACH PARTITION ... CONCURRENTLY``; 13 BEFORE row triggers
 #: on partitioned tables. Older servers keep the plain table.
