@@ -145,9 +145,9 @@ _CLAIM_FN_DELETE_NO_LEASE = _CLAIM_FN_DELETE.replace(
 # nothing observable; the `x` mutants drop both and must be killed.
 _HEARTBEAT_WINDOW_PG = (
     "store/sql.py",
-    "UPDATE {_T} SET lease_until = {_NOW} + %(seconds)s * interval '1 second',\n"
+    "UPDATE {TABLE} SET lease_until = {_NOW} + %(seconds)s * interval '1 second',\n"
     "    expires_at = GREATEST(expires_at, {_NOW} + %(seconds)s * interval '1 second')\n",
-    "UPDATE {_T} SET lease_until = {_NOW} + %(seconds)s * interval '1 second'\n",
+    "UPDATE {TABLE} SET lease_until = {_NOW} + %(seconds)s * interval '1 second'\n",
 )
 _HEARTBEAT_WINDOW_ORM = (
     "store/settle.py",
@@ -522,9 +522,9 @@ MUTANTS: list[Mutant] = [
     m(
         "S15",
         "store/sql.py",
-        "UPDATE {_T} SET lease_until = {_NOW} + %(seconds)s * interval '1 second',\n"
+        "UPDATE {TABLE} SET lease_until = {_NOW} + %(seconds)s * interval '1 second',\n"
         "    expires_at = GREATEST(expires_at, {_NOW} + %(seconds)s * interval '1 second')\n",
-        "UPDATE {_T} SET lease_until = {_NOW} + %(seconds)s * interval '1 second'\n",
+        "UPDATE {TABLE} SET lease_until = {_NOW} + %(seconds)s * interval '1 second'\n",
         tests=(
             f"{EDGES}::test_a_live_lease_holds_its_partition_past_its_day",
             f"{RETENTION}::test_sweep_never_forgets_a_record_whose_lease_is_live",
@@ -1323,8 +1323,8 @@ MUTANTS: list[Mutant] = [
     m(
         "CL11",
         "store/sql.py",
-        "    SELECT id, lease_until = created_at AS by_operator FROM {_T}\n",
-        "    SELECT id, false AS by_operator FROM {_T}\n",
+        "    SELECT id, lease_until = created_at AS by_operator FROM {TABLE}\n",
+        "    SELECT id, false AS by_operator FROM {TABLE}\n",
         tests=(
             "tests/test_logs.py::"
             "test_a_takeover_says_whether_the_lease_expired_or_an_operator_ended_it",
