@@ -157,7 +157,9 @@ def unlock(using: str, scope: Scope) -> bool:
         the lock, are gone) nor in a transaction that can no longer run statements.
     """
     connection = connections[using]
-    if connection.connection is None or connection.needs_rollback:
+    if connection.connection is None or (
+        connection.in_atomic_block and transaction.get_rollback(using)
+    ):
         return False
     try:
         with connection.cursor() as cursor:

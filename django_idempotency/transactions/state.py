@@ -59,10 +59,9 @@ def doomed(using: str) -> str:
         driver reports a PostgreSQL transaction aborted by a failed statement
         (``INERROR``: an error caught without a savepoint); else ``""``.
     """
-    connection = connections[using]
-    if connection.needs_rollback:
+    if transaction.get_rollback(using):
         return "rollback"
-    raw = connection.connection
+    raw = connections[using].connection
     info = getattr(raw, "info", None)  # psycopg 3 and psycopg2 >= 2.8: libpq's status
     status = getattr(info, "transaction_status", None)
     if status is not None and int(status) == _INERROR:
