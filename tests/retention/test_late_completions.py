@@ -224,6 +224,16 @@ def test_a_late_completion_committed_before_the_sweep_holds_its_day() -> None:
     assert isinstance(retry, store.Existing) and retry.completed
 
 
+def _day_of(owner: store.Claim) -> tuple[str, Any]:
+    """The name of the day partition that holds ``owner``'s record, and the partition."""
+    from django_idempotency.retention import partitions
+
+    assert owner.sweep_after is not None
+    name = partitions.partition_name(owner.sweep_after.date())
+    (partition,) = [p for p in partitions.list_partitions(connection) if p.name == name]
+    return name, partition
+
+
 def test_a_writer_begun_after_the_probe_is_waited_for_and_its_day_attached_back() -> None:
     """``partitions.drop()`` after a probe that found the day dead: a late completion
     begun since (the probe's lock no longer keeps it out) is waited for by ``DETACH
@@ -236,9 +246,7 @@ def test_a_writer_begun_after_the_probe_is_waited_for_and_its_day_attached_back(
 
     key = str(uuid.uuid4())
     owner = _late_claim(key)
-    assert owner.sweep_after is not None
-    name = partitions.partition_name(owner.sweep_after.date())
-    (partition,) = [p for p in partitions.list_partitions(connection) if p.name == name]
+    name, partition = _day_of(owner)
     with _completing_late(owner):
         dropper = _Session(lambda: partitions.drop(connection, partition, lock_timeout=30))
         dropper.start()
@@ -273,9 +281,7 @@ def test_a_late_completion_behind_a_cancelled_detach_is_attached_back_by_the_nex
 
     key = str(uuid.uuid4())
     owner = _late_claim(key)
-    assert owner.sweep_after is not None
-    name = partitions.partition_name(owner.sweep_after.date())
-    (partition,) = [p for p in partitions.list_partitions(connection) if p.name == name]
+    name, partition = _day_of(owner)
     with _completing_late(owner):
         # The detach waits for the owner's open transaction, and is cancelled.
         dropper = _Session(lambda: partitions.drop(connection, partition, lock_timeout=0.5))
