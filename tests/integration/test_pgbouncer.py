@@ -154,7 +154,10 @@ def test_the_sweeper_keeps_no_session_state_and_holds_its_lock_in_a_transaction(
             with observer.cursor() as cursor:
                 cursor.execute(
                     "SELECT l.pid, a.state FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
-                    "WHERE l.locktype = 'advisory' AND l.classid = %s AND l.objid = %s",
+                    "WHERE l.locktype = 'advisory' AND l.classid = %s AND l.objid = %s "
+                    # this test database's: other clients (other suites) share the server
+                    "AND l.database = (SELECT oid FROM pg_database "
+                    "WHERE datname = current_database())",
                     list(SWEEP_LOCK),
                 )
                 holders.extend(cursor.fetchall())

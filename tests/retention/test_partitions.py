@@ -320,7 +320,9 @@ def _wait_for_advisory_lock_waiter() -> bool:
         while not deadline.is_set():
             with connection.cursor() as cursor:
                 cursor.execute(
-                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+                    "AND database = "
+                    "(SELECT oid FROM pg_database WHERE datname = current_database())"
                 )
                 if cursor.fetchone()[0]:
                     return True

@@ -166,7 +166,8 @@ def _wait_until_a_lock_is_awaited() -> None:
     with connections["default"].cursor() as cursor:
         while time.monotonic() < deadline:
             cursor.execute(
-                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+                "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
             )
             if cursor.fetchone()[0]:
                 return
