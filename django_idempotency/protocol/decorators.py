@@ -46,7 +46,7 @@ def _wrap_api_view(view: Any, decorate: Callable[[Any], Any]) -> Any:
     permissions and throttling; the view as a whole is exempted from
     ``ATOMIC_REQUESTS`` so its claims commit on their own.
     """
-    view_class = view.cls
+    view_class = _drf_view_class(view)
     if "WrappedAPIView" not in view_class.__qualname__:
         raise TypeError(
             f"@idempotent cannot wrap the class-based view {view_class.__name__!r} from "

@@ -102,6 +102,30 @@ def test_multipart_boundary_does_not_matter():
     assert compute(request("BoUnDaRy1")) != compute(request("BoUnDaRy1", b"other-bytes"))
 
 
+@pytest.mark.parametrize("fields", [{"name": "n1"}, {}], ids=["fields", "no fields"])
+def test_a_multipart_form_read_before_the_claim_is_fingerprinted_from_its_fields(fields):
+    """A multipart POST something already parsed (a middleware reading ``request.POST``)
+    has no body left to read: it is fingerprinted from its fields and uploads as if
+    unread, an empty form too.
+
+    Relies on Django's ``HttpRequest._read_started`` (see the contributor docs'
+    architecture page).
+    """
+
+    def request(content: bytes = b"firmware-bytes"):
+        upload = SimpleUploadedFile("fw.bin", content, content_type="application/octet-stream")
+        body = encode_multipart("BoUnDaRy1", {**fields, "image": upload} if fields else {})
+        return rf.generic(
+            "POST", "/flash", data=body, content_type="multipart/form-data; boundary=BoUnDaRy1"
+        )
+
+    read, other = request(), request(b"other-bytes")
+    assert dict(read.POST) == dict(other.POST)  # the stream is consumed, no body kept
+    assert compute(read) == compute(request())
+    if fields:
+        assert compute(read) != compute(other)
+
+
 def test_form_fields_matter_and_raw_bodies_hash_bytes():
     a = rf.post("/f", data={"a": "1"})
     b = rf.post("/f", data={"a": "2"})

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import tempfile
 import uuid
 
 import pytest
+from django.http import FileResponse
 from django.test import override_settings
+from django.urls import path
 from django.utils import timezone
 
+from django_idempotency import idempotent
 from django_idempotency.models import IdempotencyRecord, RecordState
 from tests.support.clients import client_for
 from tests.support.testapp.models import Widget
@@ -327,6 +331,48 @@ def test_streaming_response_is_stored_and_replayed(db, key):
     )
     again = client.post("/stream", HTTP_IDEMPOTENCY_KEY=key)
     assert again.content == b"part1,part2" and again["Content-Type"] == "text/plain"
+
+
+OPENED_FILES: list = []
+
+
+@idempotent
+def send_file(request):
+    """A view answering a file: Django closes the file when it closes the response."""
+    opened = tempfile.TemporaryFile()  # noqa: SIM115  # closed by the response
+    opened.write(b"id,name\n1,export\n")
+    opened.seek(0)
+    OPENED_FILES.append(opened)
+    return FileResponse(opened, status=201, content_type="text/csv")
+
+
+urlpatterns = [path("file", send_file)]
+
+
+@pytest.mark.urls(__name__)
+def test_a_file_response_is_stored_and_its_file_closed(db, key):
+    """A ``FileResponse`` is stored, answered as sent and replayed; the file the view
+    opened is closed once the response is sent, as Django closes it without the app.
+
+    Relies on Django's ``HttpResponseBase._resource_closers`` (see the contributor docs'
+    architecture page)."""
+    from django.test import Client
+
+    from tests.support.factories import UserFactory
+
+    OPENED_FILES.clear()
+    client = Client()
+    client.force_login(UserFactory(username="erin"))
+    first = client.post("/file", HTTP_IDEMPOTENCY_KEY=key)
+    assert first.status_code == 201
+    assert b"".join(first.streaming_content if first.streaming else [first.content]) == (
+        b"id,name\n1,export\n"
+    )
+    (opened,) = OPENED_FILES
+    assert opened.closed
+    again = client.post("/file", HTTP_IDEMPOTENCY_KEY=key)
+    assert again.content == b"id,name\n1,export\n" and again["Content-Type"] == "text/csv"
+    assert len(OPENED_FILES) == 1
 
 
 def test_heartbeat_inside_a_test_transaction(api, key):
