@@ -169,6 +169,23 @@ def gate() -> Iterator[tuple[str, Gate]]:
     del GATES[name]
 
 
+#: The record table's day partitions as ``migrate`` made them (PostgreSQL), read before
+#: any test runs: a test's sweep in the future drops the days it finds past
+#: (tests/store/test_schema.py).
+MIGRATED_PARTITIONS: set[str] = set()
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: Any, django_db_blocker: Any) -> Iterator[None]:
+    """pytest-django's test databases, and what their migration made, recorded."""
+    with django_db_blocker.unblock():
+        if connection.vendor == "postgresql":
+            from django_idempotency.retention import partitions
+
+            MIGRATED_PARTITIONS.update(p.name for p in partitions.list_partitions(connection))
+    yield
+
+
 @pytest.fixture(autouse=True)
 def _clear_hooks() -> Iterator[None]:
     yield
