@@ -1,24 +1,48 @@
-"""``request.idempotency``: what a view can know and do about its claim."""
+"""``request.idempotency``: what a view can know and do about its claim.
+
+Its phases (docs/phases.md) are its own: ``phase(name)`` opens the transaction of a
+phase and moves the recovery point when it commits.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
 from django.db import transaction
 
-from django_idempotency import store
+from django_idempotency import store, transactions
+from django_idempotency.exceptions import PhaseError
 from django_idempotency.protocol import keys
-from django_idempotency.protocol import phases as _phases
 from django_idempotency.store.routing import record_database
+
+logger = logging.getLogger("django_idempotency")
 
 _current: ContextVar[IdempotencyContext | None] = ContextVar(
     "django_idempotency_context", default=None
 )
+
+
+def position(phases: tuple[str, ...], name: str) -> int:
+    """Index of ``name`` in the view's declared ``phases`` (``""``, no phase: -1).
+
+    Raises:
+        PhaseError: ``name`` is not one of the declared phases.
+    """
+    if not name:
+        return -1
+    try:
+        return phases.index(name)
+    except ValueError:
+        raise PhaseError(
+            f"{name!r} is not a phase of this view (declared: {list(phases)!r}). Phases "
+            "of an endpoint must not be renamed or removed while requests may resume."
+        ) from None
 
 
 def current() -> IdempotencyContext | None:
@@ -137,14 +161,15 @@ class IdempotencyContext:
         Raises:
             exceptions.PhaseError: ``name`` is not a declared phase of the view.
         """
-        here = _phases.position(self.phases, self.recovery_point)
-        return _phases.position(self.phases, name) <= here
+        here = position(self.phases, self.recovery_point)
+        return position(self.phases, name) <= here
 
     def pending(self, name: str) -> bool:
         """Whether phase ``name`` still has to run: ``not done(name)``."""
         return not self.done(name)
 
-    def phase(self, name: str) -> AbstractContextManager[None]:
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
         """The transaction of phase ``name`` of a view declared with ``phases=[...]``.
 
         The block's writes and the new recovery point commit together, fenced by the
@@ -154,12 +179,57 @@ class IdempotencyContext:
                 with request.idempotency.phase("allocated"):
                     ...
 
+        A body that leaves its transaction unable to commit (``set_rollback(True)``, or
+        on PostgreSQL a database error caught without a savepoint) rolls the phase back,
+        as ``atomic()`` would: nothing of it commits, the recovery point stays, and the
+        phase is still pending.
+
         Raises:
-            exceptions.PhaseError: the phase is unknown, already finished (the guard is
-                missing), before the recovery point, or nested in another phase.
+            exceptions.PhaseError: the view declared no phases, or the phase is unknown,
+                already finished (the guard is missing), before the recovery point, or
+                nested in another phase.
             exceptions.LeaseLost: the claim was taken over; the phase rolled back.
         """
-        return _phases.phase_block(self, name)
+        phases = self.phases
+        if not phases:
+            raise PhaseError(
+                "request.idempotency.phase() needs the phases declared on the view, e.g. "
+                '@idempotent(phases=["allocated", "leased", "booted"]).'
+            )
+        if self.open_phase:
+            raise PhaseError(f"phase {name!r} opened inside phase {self.open_phase!r}")
+        if position(phases, name) <= position(phases, self.recovery_point):
+            raise PhaseError(
+                f"phase {name!r} already finished (recovery point {self.recovery_point!r}) "
+                f"and must not run again: guard it with "
+                f"`if request.idempotency.pending({name!r}):`."
+            )
+
+        using = self._claim.using
+        doomed = ""
+        self.open_phase = name
+        try:
+            with transactions.atomic(using, durable=True):
+                yield
+                doomed = transactions.doomed(using)
+                if doomed:  # the view's choice: the phase rolls back, as an atomic() would
+                    transaction.set_rollback(True, using=using)
+                else:
+                    store.advance(self._claim, name)
+        finally:
+            self.open_phase = ""
+        if doomed:
+            logger.warning(
+                "phase %r rolled back by the view (%s): nothing of it committed and it is "
+                "still pending",
+                name,
+                "transaction.set_rollback(True)"
+                if doomed == "rollback"
+                else "a database error caught without a savepoint",
+                extra={"principal": self.principal, "endpoint": self.endpoint},
+            )
+            return
+        self.recovery_point = name
 
     def next_outbox_key(self, topic: str) -> str:
         """The default dedup key of the next message enqueued on ``topic`` (docs/outbox.md).

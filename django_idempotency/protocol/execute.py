@@ -26,8 +26,8 @@ from django.http.response import HttpResponseBase
 
 from django_idempotency import exceptions, signals, store, transactions
 from django_idempotency.conf import conf
-from django_idempotency.logs import key_hash
-from django_idempotency.protocol import phases, problems
+from django_idempotency.protocol import claims, phases, problems
+from django_idempotency.protocol.claims import signal_kwargs
 from django_idempotency.protocol.context import IdempotencyContext, UnprotectedContext
 from django_idempotency.protocol.decisions import Proceed
 from django_idempotency.protocol.options import Options
@@ -50,16 +50,6 @@ class _Release(Exception):
     def __init__(self, response: HttpResponseBase) -> None:
         super().__init__("release")
         self.response = response
-
-
-def _release(claim: store.Claim, status: int | None) -> None:
-    kwargs = _kw(claim)
-    try:
-        store.release(claim)
-    except (DatabaseError, InterfaceError) as exc:  # the lease runs out; never mask the cause
-        logger.error("could not release idempotency claim: %s", exc, extra=kwargs)
-        return
-    signals.released.send(claim.scope.endpoint, status=status, **kwargs)
 
 
 def execute(
@@ -124,7 +114,7 @@ def executed(claim: store.Claim, duration: float, lease: float, renewed: bool) -
         lease=lease,
         renewed=renewed,
         near_lease=signals.execution_near_lease(duration, lease, renewed),
-        **_kw(claim),
+        **signal_kwargs(claim),
     )
 
 
@@ -139,28 +129,21 @@ def _execute(
     with context.activated():
         if options.phases:  # no single transaction: each phase commits on its own
             try:
-                response, stored = phases.execute(context, options, call, finalize, _release)
+                response, stored = phases.execute(context, options, call, finalize)
             except exceptions.LeaseLost:
                 return _lease_lost(claim)
             except phases.CompletionFailed as exc:
                 return _completion_failed(claim, exc.__cause__ or exc)
             if stored is not None:
-                signals.completed.send(claim.scope.endpoint, status=stored.status, **_kw(claim))
+                signals.completed.send(
+                    claim.scope.endpoint, status=stored.status, **signal_kwargs(claim)
+                )
             return response
         return _execute_atomic(claim, options, call, finalize, view_name)
 
 
-def _kw(claim: store.Claim) -> dict[str, str]:
-    """The keyword arguments of every signal about ``claim`` (signals.py)."""
-    return {
-        "principal": claim.scope.principal,
-        "endpoint": claim.scope.endpoint,
-        "key_hash": key_hash(claim.scope.key),
-    }
-
-
 def _lease_lost(claim: store.Claim) -> HttpResponseBase:
-    signals.fenced.send(claim.scope.endpoint, **_kw(claim))
+    signals.fenced.send(claim.scope.endpoint, **signal_kwargs(claim))
     return problems.problem_response(
         problems.LEASE_LOST,
         "This request's lease ended before it completed (it ran longer than its "
@@ -210,19 +193,19 @@ def _execute_atomic(
             store.complete(claim, stored)
             stage = "commit"
     except _Release as release:
-        _release(claim, release.response.status_code)
+        claims.release(claim, release.response.status_code)
         return release.response
     except exceptions.LeaseLost:
         return _lease_lost(claim)
     except (DatabaseError, InterfaceError) as exc:
-        _release(claim, None)
+        claims.release(claim, None)
         if stage == "view" or (stage == "commit" and isinstance(exc, IntegrityError)):
             raise  # the view's own database error, or its data refused at COMMIT: a 500
         return _completion_failed(claim, exc)
     except BaseException:
-        _release(claim, None)
+        claims.release(claim, None)
         raise
-    signals.completed.send(claim.scope.endpoint, status=stored.status, **_kw(claim))
+    signals.completed.send(claim.scope.endpoint, status=stored.status, **signal_kwargs(claim))
     return response
 
 
@@ -254,7 +237,7 @@ def _completion_failed(claim: store.Claim, exc: BaseException) -> HttpResponseBa
     replays) or neither did (the claim was released, or its lease runs out; a retry
     runs the view). The client cannot tell which, so it is told to retry.
     """
-    signals.store_failed.send(claim.scope.endpoint, error=exc, **_kw(claim))
+    signals.store_failed.send(claim.scope.endpoint, error=exc, **signal_kwargs(claim))
     return problems.problem_response(
         problems.STORE_UNAVAILABLE,
         "The idempotency store failed while saving the result of this request, so it "

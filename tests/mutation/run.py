@@ -796,26 +796,26 @@ MUTANTS: list[Mutant] = [
         tests=(VIEW_TX,),
         what='transactions.doomed() always "": a doomed view\'s response stored, or a 503',
     ),
-    # phases.py
+    # phases: IdempotencyContext.phase (context.py) and the phased execution (phases.py)
     m(
         "PH1",
-        "protocol/phases.py",
-        "            else:\n"
-        "                store.advance(context.claim, name)\n"
-        "    finally:\n"
-        '        context.open_phase = ""\n',
-        "    finally:\n"
-        '        context.open_phase = ""\n'
-        "    if not doomed:\n"
-        "        store.advance(context.claim, name)\n",
+        "protocol/context.py",
+        "                else:\n"
+        "                    store.advance(self._claim, name)\n"
+        "        finally:\n"
+        '            self.open_phase = ""\n',
+        "        finally:\n"
+        '            self.open_phase = ""\n'
+        "        if not doomed:\n"
+        "            store.advance(self._claim, name)\n",
         tests=("tests/protocol/test_phases.py",),
         what="recovery point advanced outside the phase's transaction",
     ),
     m(
         "PH2",
-        "protocol/phases.py",
-        "    if position(phases, name) <= position(phases, context.recovery_point):\n",
-        "    if position(phases, name) < position(phases, context.recovery_point):\n",
+        "protocol/context.py",
+        "        if position(phases, name) <= position(phases, self.recovery_point):\n",
+        "        if position(phases, name) < position(phases, self.recovery_point):\n",
         tests=("tests/protocol/test_phases.py",),
         backends=(SQLITE,),
         what="the phase of the recovery point may run again",
@@ -824,8 +824,8 @@ MUTANTS: list[Mutant] = [
         "PH3",
         "protocol/phases.py",
         "    if not context.recovery_point:\n"
-        "        release(context.claim, status)\n        return\n",
-        "    release(context.claim, status)\n    return\n",
+        "        claims.release(context.claim, status)\n        return\n",
+        "    claims.release(context.claim, status)\n    return\n",
         tests=("tests/protocol/test_phases.py",),
         what="a failed phased request keeps its lease: the retry waits instead of resuming",
     ),

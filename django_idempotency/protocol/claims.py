@@ -1,0 +1,42 @@
+"""The release of a claim, and the keyword arguments of every signal about a claim.
+
+Both the single-transaction execution (``execute``) and the phased one (``phases``)
+release a claim the same way: the record is deleted (fenced by the owner token) and
+the ``released`` signal is sent; a store that fails meanwhile is logged, and the lease
+runs out on its own.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.db import DatabaseError, InterfaceError
+
+from django_idempotency import signals, store
+from django_idempotency.logs import key_hash
+
+logger = logging.getLogger("django_idempotency")
+
+
+def signal_kwargs(claim: store.Claim) -> dict[str, str]:
+    """The keyword arguments of every signal about ``claim`` (signals.py)."""
+    return {
+        "principal": claim.scope.principal,
+        "endpoint": claim.scope.endpoint,
+        "key_hash": key_hash(claim.scope.key),
+    }
+
+
+def release(claim: store.Claim, status: int | None) -> None:
+    """Delete the claim's record and send ``released`` (``status``: the view's, if any).
+
+    A database failure is logged, never raised: the lease runs out on its own, and the
+    error that led to the release is the one the caller reports.
+    """
+    kwargs = signal_kwargs(claim)
+    try:
+        store.release(claim)
+    except (DatabaseError, InterfaceError) as exc:  # the lease runs out; never mask the cause
+        logger.error("could not release idempotency claim: %s", exc, extra=kwargs)
+        return
+    signals.released.send(claim.scope.endpoint, status=status, **kwargs)
