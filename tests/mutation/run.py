@@ -791,8 +791,8 @@ MUTANTS: list[Mutant] = [
     m(
         "E5",
         "transactions/state.py",
-        "    connection = connections[using]\n    if connection.needs_rollback:\n",
-        '    return ""\n    connection = connections[using]\n    if connection.needs_rollback:\n',
+        "    if transaction.get_rollback(using):\n",
+        '    return ""\n    if transaction.get_rollback(using):\n',
         tests=(VIEW_TX,),
         what='transactions.doomed() always "": a doomed view\'s response stored, or a 503',
     ),
