@@ -224,29 +224,32 @@ def test_a_late_completion_committed_before_the_sweep_holds_its_day() -> None:
     assert isinstance(retry, store.Existing) and retry.completed
 
 
-def _day_of(owner: store.Claim) -> tuple[str, Any]:
-    """The name of the day partition that holds ``owner``'s record, and the partition."""
-    from django_idempotency.retention import partitions
-
-    assert owner.sweep_after is not None
-    name = partitions.partition_name(owner.sweep_after.date())
-    (partition,) = [p for p in partitions.list_partitions(connection) if p.name == name]
-    return name, partition
-
-
-def test_a_writer_begun_after_the_probe_is_waited_for_and_its_day_attached_back() -> None:
-    """``partitions.drop()`` after a probe that found the day dead: a late completion
-    begun since (the probe's lock no longer keeps it out) is waited for by ``DETACH
-    PARTITION ... CONCURRENTLY``; the detached table is then probed again, the live
-    record found, and the partition attached back instead of dropped: ``drop`` returns
-    ``False`` and the retry replays (docs/retention.md, "Dropping a day")."""
+@pytest.fixture
+def late_day() -> tuple[str, store.Claim, str, Any]:
+    """A late claim's key and claim, and the name and partition of its record's day."""
     if not sweeper.is_partitioned(connection):
         pytest.skip("partitioned table only")
     from django_idempotency.retention import partitions
 
     key = str(uuid.uuid4())
     owner = _late_claim(key)
-    name, partition = _day_of(owner)
+    assert owner.sweep_after is not None
+    name = partitions.partition_name(owner.sweep_after.date())
+    (partition,) = [p for p in partitions.list_partitions(connection) if p.name == name]
+    return key, owner, name, partition
+
+
+def test_a_writer_begun_after_the_probe_is_waited_for_and_its_day_attached_back(
+    late_day: tuple[str, store.Claim, str, Any],
+) -> None:
+    """``partitions.drop()`` after a probe that found the day dead: a late completion
+    begun since (the probe's lock no longer keeps it out) is waited for by ``DETACH
+    PARTITION ... CONCURRENTLY``; the detached table is then probed again, the live
+    record found, and the partition attached back instead of dropped: ``drop`` returns
+    ``False`` and the retry replays (docs/retention.md, "Dropping a day")."""
+    from django_idempotency.retention import partitions
+
+    key, owner, name, partition = late_day
     with _completing_late(owner):
         dropper = _Session(lambda: partitions.drop(connection, partition, lock_timeout=30))
         dropper.start()
@@ -261,7 +264,9 @@ def test_a_writer_begun_after_the_probe_is_waited_for_and_its_day_attached_back(
     assert isinstance(retry, store.Existing) and retry.completed
 
 
-def test_a_late_completion_behind_a_cancelled_detach_is_attached_back_by_the_next_sweep() -> None:
+def test_a_late_completion_behind_a_cancelled_detach_is_attached_back_by_the_next_sweep(
+    late_day: tuple[str, store.Claim, str, Any],
+) -> None:
     """A late completion begun after the sweeper's probe (window and lease over on an
     earlier UTC day, nobody took the key over) keeps its transaction open longer than
     ``partitions.drop()`` lets ``DETACH PARTITION ... CONCURRENTLY`` wait: the detach is
@@ -275,13 +280,9 @@ def test_a_late_completion_behind_a_cancelled_detach_is_attached_back_by_the_nex
     retry replays the 201 instead of running the view again. A sweep that took the
     pending day for an attached one would only probe it and hold it, leaving it
     detached: the record out of every claim's sight for the rest of its window."""
-    if not sweeper.is_partitioned(connection):
-        pytest.skip("partitioned table only")
     from django_idempotency.retention import partitions
 
-    key = str(uuid.uuid4())
-    owner = _late_claim(key)
-    name, partition = _day_of(owner)
+    key, owner, name, partition = late_day
     with _completing_late(owner):
         # The detach waits for the owner's open transaction, and is cancelled.
         dropper = _Session(lambda: partitions.drop(connection, partition, lock_timeout=0.5))
