@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from typing import Any
+from typing import Any, Protocol
 
 from django_idempotency import signals
 
@@ -41,6 +41,28 @@ def key_hash(key: str) -> str:
     reports to grep the logs: ``key_hash("8e03978e-...")``.
     """
     return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+
+
+class _Scoped(Protocol):
+    @property
+    def principal(self) -> str: ...
+    @property
+    def endpoint(self) -> str: ...
+    @property
+    def key(self) -> str: ...
+
+
+def scope_fields(scope: _Scoped) -> dict[str, str]:
+    """The ``principal``, ``endpoint`` and ``key_hash`` of a scope (a ``store.Scope``).
+
+    The fields every log line and every signal about a claimed key carry (the key
+    itself never: its :func:`key_hash`).
+    """
+    return {
+        "principal": scope.principal,
+        "endpoint": scope.endpoint,
+        "key_hash": key_hash(scope.key),
+    }
 
 
 def _log(

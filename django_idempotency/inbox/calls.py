@@ -22,7 +22,7 @@ from django.db import DatabaseError, InterfaceError, transaction
 from django_idempotency import exceptions, signals, store, transactions
 from django_idempotency.conf import conf
 from django_idempotency.exceptions import InFlight, KeyReused, UnstorableResult
-from django_idempotency.logs import key_hash
+from django_idempotency.logs import scope_fields
 from django_idempotency.protocol.begin import fit
 from django_idempotency.protocol.context import IdempotencyContext, running
 from django_idempotency.protocol.execute import executed
@@ -109,20 +109,12 @@ def encode_result(result: Any) -> bytes:
     return body
 
 
-def _kw(scope: store.Scope) -> dict[str, str]:
-    return {
-        "principal": scope.principal,
-        "endpoint": scope.endpoint,
-        "key_hash": key_hash(scope.key),
-    }
-
-
 def _release(claim: store.Claim) -> None:
     try:
         store.release(claim)
     except (DatabaseError, InterfaceError):  # the lease runs out instead; keep the cause
         return
-    signals.released.send(claim.scope.endpoint, status=None, **_kw(claim.scope))
+    signals.released.send(claim.scope.endpoint, status=None, **scope_fields(claim.scope))
 
 
 @contextmanager
@@ -213,7 +205,7 @@ def once(
                 taken_over=claim.taken_over,
                 presence=claim.by_presence,
                 cause=claim.takeover_cause,
-                **_kw(scope),
+                **scope_fields(scope),
             )
         except BaseException:  # a receiver failed: the block will not run
             store.abandon(claim)  # nothing ran: the key is free for a retry at once
@@ -240,7 +232,7 @@ def once(
             _release(claim)
             return
         except exceptions.LeaseLost:
-            signals.fenced.send(scope.endpoint, **_kw(scope))
+            signals.fenced.send(scope.endpoint, **scope_fields(scope))
             raise
         except BaseException:
             _release(claim)
@@ -248,7 +240,7 @@ def once(
         finally:
             presence.ensure_released(claim)  # the settling statement normally did it
             executed(claim, time.monotonic() - started, lease, context.lease_renewed)
-        signals.completed.send(scope.endpoint, status=_RESULT_STATUS, **_kw(scope))
+        signals.completed.send(scope.endpoint, status=_RESULT_STATUS, **scope_fields(scope))
 
 
 class _Doomed(Exception):
@@ -262,13 +254,13 @@ class _Doomed(Exception):
 def _existing(scope: store.Scope, fp: str, found: store.Existing) -> Attempt:
     """The attempt of a call whose key stands claimed or completed (or an error)."""
     if found.fingerprint != fp:
-        signals.mismatched.send(scope.endpoint, **_kw(scope))
+        signals.mismatched.send(scope.endpoint, **scope_fields(scope))
         raise KeyReused(
             f"{scope.endpoint}: this idempotency key was already used with a different "
             "payload; use a new key for new work"
         )
     if found.response is None:
-        signals.in_flight.send(scope.endpoint, **_kw(scope))
+        signals.in_flight.send(scope.endpoint, **scope_fields(scope))
         raise InFlight(scope.endpoint, found.lease_remaining)
     signals.replayed.send(
         scope.endpoint,
@@ -276,7 +268,7 @@ def _existing(scope: store.Scope, fp: str, found: store.Existing) -> Attempt:
         age=found.age,
         window=found.window,
         near_window_end=signals.replay_near_window_end(found.age, found.window),
-        **_kw(scope),
+        **scope_fields(scope),
     )
     stored = json.loads(found.response.body) if found.response.replayable else None
     return Attempt(done=True, result=stored, context=None)

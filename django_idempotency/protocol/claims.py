@@ -1,4 +1,4 @@
-"""The release of a claim, and the keyword arguments of every signal about a claim.
+"""The release of a claim.
 
 Both the single-transaction execution (``execute``) and the phased one (``phases``)
 release a claim the same way: the record is deleted (fenced by the owner token) and
@@ -13,18 +13,9 @@ import logging
 from django.db import DatabaseError, InterfaceError
 
 from django_idempotency import signals, store
-from django_idempotency.logs import key_hash
+from django_idempotency.logs import scope_fields
 
 logger = logging.getLogger("django_idempotency")
-
-
-def signal_kwargs(claim: store.Claim) -> dict[str, str]:
-    """The keyword arguments of every signal about ``claim`` (signals.py)."""
-    return {
-        "principal": claim.scope.principal,
-        "endpoint": claim.scope.endpoint,
-        "key_hash": key_hash(claim.scope.key),
-    }
 
 
 def release(claim: store.Claim, status: int | None) -> None:
@@ -33,7 +24,7 @@ def release(claim: store.Claim, status: int | None) -> None:
     A database failure is logged, never raised: the lease runs out on its own, and the
     error that led to the release is the one the caller reports.
     """
-    kwargs = signal_kwargs(claim)
+    kwargs = scope_fields(claim.scope)
     try:
         store.release(claim)
     except (DatabaseError, InterfaceError) as exc:  # the lease runs out; never mask the cause

@@ -19,7 +19,7 @@ from django.http.response import HttpResponseBase
 
 from django_idempotency import signals, store
 from django_idempotency.conf import conf
-from django_idempotency.logs import key_hash
+from django_idempotency.logs import scope_fields
 from django_idempotency.protocol import problems
 from django_idempotency.protocol.decisions import CANNOT_RUN, CannotRun, Proceed, Respond, problem
 from django_idempotency.protocol.digests import Fingerprint, differing_parts
@@ -70,11 +70,7 @@ def decide(
     Raises:
         Whatever a ``claimed`` signal receiver raised, after the claim was given up.
     """
-    signal_kwargs = {
-        "principal": scope.principal,
-        "endpoint": scope.endpoint,
-        "key_hash": key_hash(scope.key),
-    }
+    signal_kwargs = scope_fields(scope)
     deadline = time.monotonic() + options.get_wait()
     delay = 0.05
     while True:

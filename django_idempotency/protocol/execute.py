@@ -26,8 +26,8 @@ from django.http.response import HttpResponseBase
 
 from django_idempotency import exceptions, signals, store, transactions
 from django_idempotency.conf import conf
+from django_idempotency.logs import scope_fields
 from django_idempotency.protocol import claims, phases, problems
-from django_idempotency.protocol.claims import signal_kwargs
 from django_idempotency.protocol.context import IdempotencyContext, UnprotectedContext
 from django_idempotency.protocol.decisions import Proceed
 from django_idempotency.protocol.options import Options
@@ -114,7 +114,7 @@ def executed(claim: store.Claim, duration: float, lease: float, renewed: bool) -
         lease=lease,
         renewed=renewed,
         near_lease=signals.execution_near_lease(duration, lease, renewed),
-        **signal_kwargs(claim),
+        **scope_fields(claim.scope),
     )
 
 
@@ -136,14 +136,14 @@ def _execute(
                 return _completion_failed(claim, exc.__cause__ or exc)
             if stored is not None:
                 signals.completed.send(
-                    claim.scope.endpoint, status=stored.status, **signal_kwargs(claim)
+                    claim.scope.endpoint, status=stored.status, **scope_fields(claim.scope)
                 )
             return response
         return _execute_atomic(claim, options, call, finalize, view_name)
 
 
 def _lease_lost(claim: store.Claim) -> HttpResponseBase:
-    signals.fenced.send(claim.scope.endpoint, **signal_kwargs(claim))
+    signals.fenced.send(claim.scope.endpoint, **scope_fields(claim.scope))
     return problems.problem_response(
         problems.LEASE_LOST,
         "This request's lease ended before it completed (it ran longer than its "
@@ -205,7 +205,7 @@ def _execute_atomic(
     except BaseException:
         claims.release(claim, None)
         raise
-    signals.completed.send(claim.scope.endpoint, status=stored.status, **signal_kwargs(claim))
+    signals.completed.send(claim.scope.endpoint, status=stored.status, **scope_fields(claim.scope))
     return response
 
 
@@ -237,7 +237,7 @@ def _completion_failed(claim: store.Claim, exc: BaseException) -> HttpResponseBa
     replays) or neither did (the claim was released, or its lease runs out; a retry
     runs the view). The client cannot tell which, so it is told to retry.
     """
-    signals.store_failed.send(claim.scope.endpoint, error=exc, **signal_kwargs(claim))
+    signals.store_failed.send(claim.scope.endpoint, error=exc, **scope_fields(claim.scope))
     return problems.problem_response(
         problems.STORE_UNAVAILABLE,
         "The idempotency store failed while saving the result of this request, so it "

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from django.db import DatabaseError, InterfaceError, connections
 
 from django_idempotency import signals
-from django_idempotency.logs import key_hash
+from django_idempotency.logs import scope_fields
 from django_idempotency.store import tenants
 from django_idempotency.store.isolation import stricter_than_read_committed
 from django_idempotency.store.settle import extend
@@ -73,11 +73,7 @@ class Heartbeat:
         self._thread.join()
 
     def _run(self) -> None:
-        kwargs = {
-            "principal": self.claim.scope.principal,
-            "endpoint": self.claim.scope.endpoint,
-            "key_hash": key_hash(self.claim.scope.key),
-        }
+        kwargs = scope_fields(self.claim.scope)
         try:
             tenants.enter(self.claim.using, self._place)  # kept by the wrapper across a close
             while not self._stop.wait(self.interval):

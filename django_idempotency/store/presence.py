@@ -44,7 +44,7 @@ from django.db import DatabaseError, OperationalError, connections, transaction
 from django.utils.connection import ConnectionDoesNotExist
 
 from django_idempotency.conf import conf
-from django_idempotency.logs import key_hash
+from django_idempotency.logs import key_hash, scope_fields
 from django_idempotency.store import sql
 from django_idempotency.store.catalog import server_port
 from django_idempotency.store.values import Claim, Scope
@@ -226,11 +226,7 @@ def release_leftovers(entry: object, what: str) -> list[Claim]:
                     mine.append(held.claim)
     released: list[Claim] = []
     for claim in mine:
-        extra = {
-            "principal": claim.scope.principal,
-            "endpoint": claim.scope.endpoint,
-            "key_hash": key_hash(claim.scope.key),
-        }
+        extra = scope_fields(claim.scope)
         if not unlock(claim.using, claim.scope):  # a doomed transaction refuses statements
             logger.error(
                 "the presence lock of a claim was still held when its %s ended and could "
