@@ -210,7 +210,7 @@ def run_statements(batch_size: int, messages: int, max_seconds: float) -> float:
 
     The claim (``outbox.claim``'s statement: lock, count the attempt, lease) and the
     mark (``outbox.marks``' fenced ``UPDATE``), one after the other on one connection,
-    each committed, with no handler, no message objects and no writer thread: what the
+    each committed, with no handler, no message objects and no lease keeper: what the
     relay's SQL costs apart from its Python, beside the floor.
     """
     from django.db import connection

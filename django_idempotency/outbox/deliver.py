@@ -1,21 +1,17 @@
-"""The relay's second step: call the handlers, one by one or in a thread pool.
+"""The relay's second step: call the handlers (docs/outbox.md).
 
-Handlers run outside any transaction the relay holds, each with the message and its
-dedup key, on the relay's thread (``threads=1``) or on a bounded pool whose threads
-have database connections of their own. The batch is held under the relay lease
-(``outbox.lease``): renewed while handlers run; once half the lease has gone since the
-claim, no handler starts and the rest of the batch is handed back; a stop
-(:meth:`Relay.stop`, an exception) lets the running handlers finish, and what they
-returned is recorded.
+:func:`call` runs a message's handler outside any transaction the relay holds, with
+the message and its dedup key; the relay calls it on its own thread (``threads=1``) or
+hands the messages to a :class:`Pool`, a bounded set of threads with database
+connections of their own. A thread whose handler raised closes the connections the
+error left unusable (:func:`discard_broken_connections`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import queue
 import threading
-from typing import TYPE_CHECKING
 
 from django.db import connections
 
@@ -23,122 +19,6 @@ from django_idempotency.models import OutboxMessage
 from django_idempotency.outbox import handlers
 from django_idempotency.outbox.claim import Claimed
 from django_idempotency.store.tenants import enter_schema
-
-logger = logging.getLogger("django_idempotency.outbox")
-
-if TYPE_CHECKING:
-    from django_idempotency.outbox.relay import Relay
-
-
-def deliver_inline(relay: Relay) -> int:
-    """Run the handlers one by one on this thread.
-
-    The batch is held by ``relay._marks.holding``: it gives the next message, or none
-    once half the lease has gone or the relay stops (the rest handed back).
-    """
-    marks = relay._marks
-    holding = marks.holding
-    handled = 0
-    try:
-        while True:
-            holding.tend()  # between handlers; the watchdog while one blocks
-            item = holding.take(relay.stopping)
-            if item is None:
-                break
-            marks.before_handler()  # written now if due, else by its deadline
-            error = _call(item.message)
-            if error is not None or connections[relay.using].errors_occurred:
-                _discard_broken_connections()
-            handled += 1
-            relay.handled += 1
-            if error is None:
-                marks.add(item)
-                relay.outcomes["delivered"] += 1
-            else:
-                relay.outcomes[holding.fail(item, error) or "taken over"] += 1
-                if isinstance(error, relay.stop_on):
-                    raise error
-    except BaseException:
-        holding.give_back_quietly()
-        raise
-    return handled
-
-
-def deliver_pooled(relay: Relay, pool: Pool) -> int:
-    """Run the handlers on the pool's threads.
-
-    Marks and failures are written here, on the relay's thread and connection, a
-    group at its deadline; the watchdog tends the lease. If anything stops the batch,
-    the pool is closed: its running handlers finish and their outcomes are recorded,
-    what no thread started is handed back.
-    """
-    marks = relay._marks
-    holding = marks.holding
-    handled = running = 0
-    more = True  # the batch may still give a message to start
-    try:
-        while more or running:
-            if more and running < pool.size:
-                item = holding.take(relay.stopping)
-                if item is None:
-                    more = False
-                    continue
-                running += 1
-                pool.submit(item)
-                continue
-            left = _earliest(marks.time_left(), holding.time_left())
-            outcome = pool.result(None if left is None else max(left, 0.0))
-            if outcome is None:  # a deadline came first, or stop() woke us
-                if marks.due():
-                    marks.flush()
-                holding.tend()
-                if relay.stopping:
-                    more = more and holding.take(True) is not None
-                continue
-            item, error = outcome
-            running -= 1
-            handled += 1
-            relay.handled += 1
-            if error is None:
-                marks.add(item)
-                relay.outcomes["delivered"] += 1
-            elif isinstance(error, Exception):
-                relay.outcomes[holding.fail(item, error) or "taken over"] += 1
-                if isinstance(error, relay.stop_on):
-                    raise error
-            else:  # SystemExit, KeyboardInterrupt in a handler: stop as inline would
-                raise error
-            if marks.due():
-                marks.flush()
-    except BaseException:
-        relay._pool = None
-        holding.give_back_quietly(pool.cancel())
-        _not_started, outcomes = pool.close()  # the running handlers finish first
-        _record(relay, outcomes)
-        raise
-    return handled
-
-
-def _earliest(*lefts: float | None) -> float | None:
-    """The smallest of the seconds given; ``None`` if none is."""
-    known = [left for left in lefts if left is not None]
-    return min(known) if known else None
-
-
-def _record(relay: Relay, outcomes: list[tuple[Claimed, BaseException | None]]) -> None:
-    """Record the outcomes of handlers that finished while the batch was stopping."""
-    for item, error in outcomes:
-        try:
-            if error is None:
-                relay.handled += 1
-                relay._marks.add(item)  # written by close(), or kept for a later try
-                relay.outcomes["delivered"] += 1
-            elif isinstance(error, Exception):
-                relay.handled += 1
-                relay.outcomes[relay._marks.holding.fail(item, error) or "taken over"] += 1
-            # else: the handler itself was stopped; its message stays leased
-        except Exception as exc:
-            logger.warning("outbox message %s: outcome not recorded: %s", item.message.pk, exc)
 
 
 class Pool:
@@ -225,17 +105,17 @@ class Pool:
             while (item := self._inbox.get()) is not None:
                 error: BaseException | None
                 try:
-                    error = _call(item.message)
+                    error = call(item.message)
                 except BaseException as exc:  # reported to the relay's thread
                     error = exc
                 self._outbox.put((item, error))
                 if error is not None:
-                    _discard_broken_connections()
+                    discard_broken_connections()
         finally:
             connections.close_all()
 
 
-def _discard_broken_connections() -> None:
+def discard_broken_connections() -> None:
     """Close this thread's connections that a database error left unusable.
 
     A handler that met a dead connection (a restarted server, a terminated backend)
@@ -257,7 +137,7 @@ def _discard_broken_connections() -> None:
                 conn.close()
 
 
-def _call(message: OutboxMessage) -> Exception | None:
+def call(message: OutboxMessage) -> Exception | None:
     """Call the message's handler; returns the exception it raised, if any."""
     handler = handlers.get_handler(message.topic)
     try:

@@ -12,19 +12,20 @@ message claimed and not yet marked, failed or handed back) and:
   undone, so an attempt counts a handler's run, and a message never handed to a
   handler is never dead-lettered.
 
-On PostgreSQL (outside a transaction) the marks' watchdog thread tends the lease while a
-handler blocks (``outbox.marks``); elsewhere the relay's thread tends it between
-handlers. Every write about a claimed message (its mark, its failure, its hand-back, a
-renewal) is fenced by the claim: the attempt count the claim gave it and a lease end no
-earlier than the claim's. A renewal only moves the lease end later, so it never fences
-off this relay's own writes; another relay's claim counts an attempt, so it fences them
-off. No write waits for another: a mark that blocks in the database holds back neither
-the renewal nor the next handler.
+A handler may block the relay's thread for longer than the lease, so on PostgreSQL
+(outside a transaction) a :class:`Keeper` thread, with a database connection of its
+own, tends the lease while the relay works; elsewhere the relay's thread tends it
+between handlers. Every write about a claimed message (its mark, its failure, its
+hand-back, a renewal) is fenced by the claim: the attempt count the claim gave it and a
+lease end no earlier than the claim's. A renewal only moves the lease end later, so it
+never fences off this relay's own writes; another relay's claim counts an attempt, so
+it fences them off.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import datetime as dt
 import logging
 import math
@@ -39,6 +40,7 @@ from django_idempotency.models import OutboxMessage, OutboxState
 from django_idempotency.outbox.claim import Claimed, hand_back
 from django_idempotency.outbox.failures import fail
 from django_idempotency.store import clock
+from django_idempotency.store.tenants import enter_schema
 
 logger = logging.getLogger("django_idempotency.outbox")
 
@@ -71,7 +73,7 @@ class Holding:
         self._lease = math.inf
         self._renew_at = math.inf
         self._hand_back_at = math.inf
-        #: Called when new deadlines start (a batch was claimed): the watchdog's wake-up.
+        #: Called when new deadlines start (a batch was claimed): the keeper's wake-up.
         self.wake: Callable[[], None] = lambda: None
 
     def begin(self, claimed: list[Claimed], started: float, lease: float) -> None:
@@ -209,6 +211,70 @@ class Holding:
             logger.warning(
                 "%d outbox message(s) were taken over by another relay while held", len(lost)
             )
+
+
+#: Seconds the keeper waits before it tries a failed write again; doubled after each
+#: further failure, up to ``_RETRY_CAP``.
+_RETRY_AFTER = 0.1
+_RETRY_CAP = 2.0
+
+
+class Keeper:
+    """A thread that tends a :class:`Holding` while the relay's thread runs handlers.
+
+    It renews the lease and hands the batch's rest back at their deadlines, even while a
+    handler blocks the relay's thread, on a connection of its own (in ``schema``, a
+    django-tenants schema, if given), and closes its connections when it stops. It
+    outlives failures: after an error (the database down, its connection terminated)
+    it closes its connection and tries again after a pause doubling from
+    ``_RETRY_AFTER`` up to ``_RETRY_CAP`` seconds; the first failure of a run of them
+    is logged as a warning, the recovery as info.
+    """
+
+    def __init__(self, holding: Holding, schema: str | None = None) -> None:
+        self.holding = holding
+        self.schema = schema
+        self._woken = threading.Event()
+        self._stopped = False
+        holding.wake = self._woken.set
+        self._thread = threading.Thread(target=self._run, name="outbox-lease-keeper", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop the thread and wait for it (a write it is making finishes first)."""
+        self._stopped = True
+        self._woken.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        using = self.holding.using
+        failures = 0
+        try:
+            enter_schema(using, self.schema)
+            while True:
+                self._woken.clear()
+                if self._stopped:
+                    return
+                left = self.holding.time_left()
+                if left is None or left > 0:
+                    self._woken.wait(left)
+                    continue
+                try:
+                    self.holding.tend()
+                except Exception as exc:
+                    failures += 1
+                    with contextlib.suppress(Exception):
+                        connections[using].close()  # the next try connects afresh
+                    log = logger.warning if failures == 1 else logger.debug
+                    log("outbox relay lease not renewed yet, will retry: %s", exc)
+                    if not self._stopped:
+                        self._woken.wait(min(_RETRY_CAP, _RETRY_AFTER * 2.0 ** (failures - 1)))
+                    continue
+                if failures:
+                    logger.info("outbox relay lease renewed again after %d failed tries", failures)
+                    failures = 0
+        finally:
+            connections.close_all()
 
 
 def renew(using: str, held: list[Claimed], lease: float) -> dict[int, dt.datetime]:

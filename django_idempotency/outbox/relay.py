@@ -1,12 +1,13 @@
 """The outbox relay: claim due messages, call their handlers, mark them (docs/outbox.md).
 
-:func:`deliver_batch` is one pass; :class:`Relay` runs many, writing a batch's last
-marks while it claims the next. Each pass has three steps, a module each:
+:func:`deliver_batch` is one pass; :class:`Relay` runs many. Each pass has three steps:
 
 1. **claim** (``outbox.claim``): the oldest due messages, leased to this relay;
-2. **deliver** (``outbox.deliver``): their handlers, one by one or in a thread pool;
+2. **deliver** (``outbox.deliver``): their handlers, one by one on this thread or in a
+   thread pool, the lease kept meanwhile (``outbox.lease``);
 3. **mark**: a failure at once (``outbox.failures``), the delivered messages ``sent``
-   in groups no older than ``OUTBOX_MARK_DELAY`` (``outbox.marks``).
+   in groups no older than ``OUTBOX_MARK_DELAY`` when a handler finishes, and at the
+   end of the batch (``outbox.marks``).
 
 A relay stopped by an exception (or :meth:`Relay.stop`) between 1 and 3 lets its
 running handlers finish, marks what they delivered and hands back what no handler
@@ -32,7 +33,8 @@ from django_idempotency import signals
 from django_idempotency.conf import conf
 from django_idempotency.outbox import handlers
 from django_idempotency.outbox.claim import Claimed, claim_due
-from django_idempotency.outbox.deliver import Pool, deliver_inline, deliver_pooled
+from django_idempotency.outbox.deliver import Pool, call, discard_broken_connections
+from django_idempotency.outbox.lease import Holding, Keeper
 from django_idempotency.outbox.marks import Marks
 from django_idempotency.store.routing import outbox_database
 from django_idempotency.store.tenants import current_schema, use_schema
@@ -52,16 +54,16 @@ def deliver_batch(
     Handlers start in ``(available_at, id)`` order within the batch. No order holds
     across batches, relays or retries (a failed message is retried later, after newer
     ones); with ``threads`` above 1, handlers of one batch overlap and may finish in
-    any order. On PostgreSQL, delivered messages are marked sent in groups no older
-    than ``OUTBOX_MARK_DELAY``, a watchdog writing a group whose deadline passes
-    while a handler blocks (``outbox.marks``); elsewhere each one before
-    the next handler starts. All are written when this returns. The relay renews
-    the lease of the messages it holds every third of the lease (``outbox.lease``), so a
-    handler slower than the lease is not run again by another relay. Once half the lease
-    has gone since the claim, the relay stops starting handlers and hands the rest of
-    the batch back (due at once, the claim's attempt undone), even while a handler
-    runs. Due messages whose last allowed attempt never reported back (the relay died,
-    or lost its lease while cut off from the database) are dead-lettered.
+    any order. On PostgreSQL, delivered messages are marked sent in groups, written
+    once the group is ``OUTBOX_MARK_DELAY`` old and a handler has finished
+    (``outbox.marks``); elsewhere each one before the next handler starts. All are
+    written when this returns. The relay renews the lease of the messages it holds every
+    third of the lease (``outbox.lease``), so a handler slower than the lease is not run
+    again by another relay. Once half the lease has gone since the claim, the relay
+    stops starting handlers and hands the rest of the batch back (due at once, the
+    claim's attempt undone), even while a handler runs. Due messages whose last allowed
+    attempt never reported back (the relay died, or lost its lease while cut off from
+    the database) are dead-lettered.
 
     Args:
         batch_size: most messages claimed (default ``OUTBOX_BATCH_SIZE``).
@@ -81,16 +83,15 @@ def deliver_batch(
             and are delivered after the lease.
     """
     with Relay(using, lease=lease, threads=threads) as relay:
-        return relay._batch(batch_size, hand_off=False)  # close() writes the marks
+        return relay.deliver_batch(batch_size)
 
 
 class Relay:
     """One relay delivering batch after batch from one database (docs/outbox.md).
 
-    What :func:`deliver_batch` does once, for many batches: between batches the
-    marks of the last one are written by the marks' writer thread, on its own
-    connection, while this thread claims the next batch. :meth:`close` (or leaving
-    the ``with`` block) waits until every mark is written.
+    What :func:`deliver_batch` does once, for many batches, keeping its lease keeper
+    and its handlers' pool from one batch to the next; :meth:`close` (or leaving the
+    ``with`` block) stops them and writes the marks a failed batch left pending.
 
     However a batch ends, what its handlers delivered is marked: when an exception
     stops it (a handler raising ``SystemExit``, ``KeyboardInterrupt``, a Celery soft
@@ -107,7 +108,7 @@ class Relay:
         threads: handlers run at the same time (default ``OUTBOX_RELAY_THREADS``).
         schema: on a schema-per-tenant database (django-tenants), the schema whose
             outbox this relay delivers (``store.tenants.schemas`` lists them): its
-            batches, its handlers' threads and its marks' writer run in it
+            batches, its handlers' threads and its lease keeper run in it
             (docs/tenants.md). ``None``: the schema the calling thread's connection
             runs in when the relay is made.
         stop_on: exception types that stop the batch when a handler raises one (a
@@ -133,7 +134,7 @@ class Relay:
         handlers.autodiscover()
         self.using = using or outbox_database()
         # None: the schema the caller's connection runs in now (django-tenants), so the
-        # handlers' threads and the marks' writer, whose connections start in public,
+        # handlers' threads and the lease keeper, whose connections start in public,
         # work where the batches are claimed.
         self.schema = schema if schema is not None else current_schema(connections[self.using])
         self.lease = lease
@@ -141,7 +142,9 @@ class Relay:
         if threads is not None and int(threads) < 1:
             raise ValueError(f"threads must be at least 1, not {threads}")
         self.stop_on = tuple(stop_on)
-        self._marks = Marks(self.using, conf.outbox_mark_delay, _report_sent, schema=self.schema)
+        self._holding = Holding(self.using)
+        self._marks = Marks(self.using, self._holding, _report_sent)
+        self._keeper: Keeper | None = None
         self._pool: Pool | None = None
         self._stopping = False
         #: Messages this relay handled so far (sent, retried or dead-lettered), those
@@ -186,7 +189,7 @@ class Relay:
             pool.wake()  # the relay's thread may be waiting for a handler's outcome
 
     def close(self) -> None:
-        """Write the marks still pending and stop the marks' writer.
+        """Stop the pool and the lease keeper; write the marks still pending.
 
         Raises:
             django.db.DatabaseError: the database failed; the messages not marked stay
@@ -199,13 +202,16 @@ class Relay:
                     pool, self._pool = self._pool, None
                     pool.close()
             finally:
+                if self._keeper is not None:
+                    keeper, self._keeper = self._keeper, None
+                    keeper.close()
                 try:
-                    self._marks.close()
+                    self._marks.flush()
                 finally:
-                    self._marks.holding.end_batch(self._marks.ids())
+                    self._holding.end_batch(self._marks.ids())
 
     def deliver_batch(self, batch_size: int | None = None) -> int:
-        """One batch, as :func:`deliver_batch`; its marks may still be written after.
+        """One batch, as :func:`deliver_batch`.
 
         Returns:
             Messages handled; 0 once :meth:`stop` was called.
@@ -215,9 +221,9 @@ class Relay:
             django.db.DatabaseError: the database failed.
         """
         with use_schema(self.using, self.schema):
-            return self._batch(batch_size, hand_off=True)
+            return self._batch(batch_size)
 
-    def _batch(self, batch_size: int | None, *, hand_off: bool) -> int:
+    def _batch(self, batch_size: int | None) -> int:
         using = self.using
         limit = conf.outbox_batch_size if batch_size is None else int(batch_size)
         lease = conf.outbox_relay_lease if self.lease is None else float(self.lease)
@@ -232,28 +238,28 @@ class Relay:
         self.outcomes["dead"] += buried
         if not claimed:
             return buried
-        marks = self._marks
-        # Inside a transaction no other connection sees the claim: no writer thread,
-        # no pool. SQLite has one writer: no writer thread either. Then each mark is
-        # written before the next handler starts, and the lease tended between handlers.
+        # Inside a transaction no other connection sees the claim: no keeper, no pool.
+        # SQLite has one writer: no keeper either. Then each mark is written when its
+        # handler returns, and the lease tended between handlers.
         inside = connections[using].in_atomic_block
-        marks.sync = inside or connections[using].vendor != "postgresql"
-        marks.max_age = conf.outbox_mark_delay
-        marks.holding.begin(claimed, started, lease)
-        if not marks.sync:
-            marks.arm()  # the watchdog: marks, and the lease while handlers run
+        alone = inside or connections[using].vendor != "postgresql"
+        self._marks.max_age = 0.0 if alone else conf.outbox_mark_delay
+        self._holding.begin(claimed, started, lease)
+        if not alone and self._keeper is None:
+            self._keeper = Keeper(self._holding, self.schema)
         try:
             if workers == 1 or inside or len(claimed) == 1:
-                handled = deliver_inline(self)
+                handled = self._deliver_inline()
             else:
                 if self._pool is not None and self._pool.size != workers:
                     self._pool.close()
                     self._pool = None
                 if self._pool is None:  # kept for the next batches: threads, connections
                     self._pool = Pool(workers, using, self.schema)
-                handled = deliver_pooled(self, self._pool)
+                handled = self._deliver_pooled(self._pool)
+            self._marks.flush()
         except BaseException:
-            marks.holding.end_batch(marks.ids())
+            self._holding.end_batch(self._marks.ids())
             # What was delivered is in the marks (the pool's running handlers have
             # finished); written now if the database lets us. The error that stopped
             # the batch is the one raised.
@@ -268,10 +274,101 @@ class Relay:
                     exc,
                 )
             raise
-        marks.holding.end_batch(marks.ids())
-        if hand_off:
-            marks.hand_off()  # written now, by the writer, while the next batch is claimed
+        self._holding.end_batch(self._marks.ids())
         return buried + handled
+
+    def _deliver_inline(self) -> int:
+        """Run the handlers one by one on this thread; marks written when due.
+
+        The holding gives the next message, or none once half the lease has gone or the
+        relay stops (the rest handed back).
+        """
+        holding, marks = self._holding, self._marks
+        handled = 0
+        try:
+            while True:
+                holding.tend()  # between handlers; the keeper while one blocks
+                item = holding.take(self._stopping)
+                if item is None:
+                    return handled
+                error = call(item.message)
+                if error is not None or connections[self.using].errors_occurred:
+                    discard_broken_connections()
+                handled += 1
+                self._record(item, error)
+                if isinstance(error, self.stop_on):
+                    raise error
+                if marks.due():
+                    marks.flush()
+        except BaseException:
+            holding.give_back_quietly()
+            raise
+
+    def _deliver_pooled(self, pool: Pool) -> int:
+        """Run the handlers on the pool's threads; marks and failures written here.
+
+        Marks are written on this thread when a group is due, after a handler's outcome
+        or at the group's deadline. If anything stops the batch, the pool is closed: its
+        running handlers finish and their outcomes are recorded, what no thread started
+        is handed back.
+        """
+        holding, marks = self._holding, self._marks
+        handled = running = 0
+        more = True  # the batch may still give a message to start
+        try:
+            while more or running:
+                if more and running < pool.size:
+                    item = holding.take(self._stopping)
+                    if item is None:
+                        more = False
+                        continue
+                    running += 1
+                    pool.submit(item)
+                    continue
+                left = _earliest(marks.time_left(), holding.time_left())
+                outcome = pool.result(None if left is None else max(left, 0.0))
+                if outcome is None:  # a deadline came first, or stop() woke us
+                    holding.tend()
+                    if self._stopping:
+                        more = more and holding.take(True) is not None
+                else:
+                    item, error = outcome
+                    running -= 1
+                    handled += 1
+                    self._record(item, error)
+                    if error is not None and (
+                        isinstance(error, self.stop_on) or not isinstance(error, Exception)
+                    ):  # SystemExit, KeyboardInterrupt in a handler: stop as inline would
+                        raise error
+                if marks.due():
+                    marks.flush()
+        except BaseException:
+            self._pool = None
+            holding.give_back_quietly(pool.cancel())
+            _not_started, outcomes = pool.close()  # the running handlers finish first
+            for item, error in outcomes:
+                try:
+                    self._record(item, error)
+                except Exception as exc:
+                    logger.warning(
+                        "outbox message %s: outcome not recorded: %s", item.message.pk, exc
+                    )
+            raise
+        return handled
+
+    def _record(self, item: Claimed, error: BaseException | None) -> None:
+        """Count a handler's outcome: its mark added, or its failure written.
+
+        A handler stopped by a ``BaseException`` that is not an ``Exception`` reported
+        nothing: its message stays leased.
+        """
+        if error is None:
+            self.handled += 1
+            self._marks.add(item)
+            self.outcomes["delivered"] += 1
+        elif isinstance(error, Exception):
+            self.handled += 1
+            self.outcomes[self._holding.fail(item, error) or "taken over"] += 1
 
 
 def deliver_due(
@@ -309,6 +406,12 @@ def deliver_due(
             if handled < limit:
                 break
     return total
+
+
+def _earliest(*lefts: float | None) -> float | None:
+    """The smallest of the seconds given; ``None`` if none is."""
+    known = [left for left in lefts if left is not None]
+    return min(known) if known else None
 
 
 def _report_sent(item: Claimed) -> None:

@@ -323,7 +323,7 @@ def use_schema(using: str, schema: str | None) -> Iterator[None]:
 def enter_schema(using: str, schema: str | None) -> None:
     """Put the calling thread's connection to ``using`` in ``schema``, for good.
 
-    For a thread of its own (the relay's handlers, its marks' writer): its
+    For a thread of its own (the relay's handlers, its lease keeper): its
     connections are its own and closed when it ends. ``None`` changes nothing.
     """
     connection = connections[using]

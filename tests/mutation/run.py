@@ -48,7 +48,6 @@ PG, SQLITE = "pg", "sqlite"
 BOTH = (PG, SQLITE)
 
 GUARDS = "tests/protocol/test_guards.py"
-_MARKS = "tests/outbox/test_marks.py"
 _STOPS = "tests/outbox/test_relay_stops.py"
 _OUTAGES = "tests/outbox/test_relay_outages.py"
 _TENANTS = "tests/integration/test_tenants.py::test_tenant_scenario"
@@ -905,15 +904,14 @@ MUTANTS: list[Mutant] = [
     m(
         "R7",
         "outbox/relay.py",
-        "            marks.arm()  # the watchdog: marks, and the lease while handlers run\n",
+        "            self._keeper = Keeper(self._holding, self.schema)\n",
         "            pass\n",
         tests=(
-            f"{_MARKS}::test_marks_retried_after_a_failed_write_keep_their_deadline",
             "tests/outbox/test_relay_leases.py::"
             "test_a_handler_slower_than_the_lease_runs_once_and_its_batch_is_delivered_meanwhile",
         ),
         backends=(PG,),
-        what="no watchdog while a batch's first handler blocks: its lease is not renewed",
+        what="no lease keeper while a handler blocks: its lease is not renewed",
     ),
     # retention.py
     m(
@@ -1602,15 +1600,6 @@ MUTANTS: list[Mutant] = [
     # relay.py, marks.py, jobs.py, the commands, tasks.py: how the relay stops and
     # outlives the database
     m(
-        "RL1",
-        "outbox/marks.py",
-        "            self._oldest = time.monotonic() - self.max_age  # due: they are old\n",
-        "            pass\n",
-        tests=(f"{_MARKS}::test_marks_retried_after_a_failed_write_keep_their_deadline",),
-        backends=(PG,),
-        what="marks retried after a failed write take the deadline of a newer group",
-    ),
-    m(
         "RL2",
         "outbox/claim.py",
         "                # still this claim: its attempt, its lease end or a renewal's later one\n"
@@ -1625,18 +1614,21 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "RL3",
-        "outbox/marks.py",
-        "                    failures += 1\n                    _close_connection(self.using)\n",
-        "                    failures += 1\n",
-        tests=(f"{_MARKS}::test_the_watchdog_reconnects_when_its_connection_dies",),
+        "outbox/lease.py",
+        "                        connections[using].close()  # the next try connects afresh\n",
+        "                        pass\n",
+        tests=(
+            "tests/outbox/test_relay_leases.py::"
+            "test_the_lease_is_renewed_after_the_keepers_connection_dies",
+        ),
         backends=(PG,),
-        what="the marks watchdog keeps retrying on its dead connection",
+        what="the lease keeper keeps retrying on its dead connection",
     ),
     m(
         "RL4",
-        "outbox/deliver.py",
-        "        _record(relay, outcomes)\n",
-        "",
+        "outbox/relay.py",
+        "                try:\n                    self._record(item, error)\n",
+        "                try:\n                    pass\n",
         tests=(
             f"{_STOPS}::test_ctrl_c_while_the_relay_waits_on_its_pool_marks_what_the_pool_delivered",
             f"{_STOPS}::"
@@ -1646,9 +1638,9 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "RL5",
-        "outbox/deliver.py",
-        "        holding.give_back_quietly(pool.cancel())\n",
-        "        pool.cancel()\n",
+        "outbox/relay.py",
+        "            holding.give_back_quietly(pool.cancel())\n",
+        "            pool.cancel()\n",
         tests=(
             f"{_STOPS}::test_ctrl_c_while_the_relay_waits_on_its_pool_marks_what_the_pool_delivered",
             f"{_STOPS}::"
@@ -1658,8 +1650,8 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "RL6",
-        "outbox/deliver.py",
-        "        holding.give_back_quietly()\n",
+        "outbox/relay.py",
+        "            holding.give_back_quietly()\n",
         "",
         tests=(
             f"{_STOPS}::test_a_second_sigterm_stops_the_relay_at_once",
@@ -1669,11 +1661,11 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "RL7",
-        "outbox/deliver.py",
-        "            holding.tend()  # between handlers; the watchdog while one blocks\n"
-        "            item = holding.take(relay.stopping)\n",
-        "            holding.tend()  # between handlers; the watchdog while one blocks\n"
-        "            item = holding.take(False)\n",
+        "outbox/relay.py",
+        "                holding.tend()  # between handlers; the keeper while one blocks\n"
+        "                item = holding.take(self._stopping)\n",
+        "                holding.tend()  # between handlers; the keeper while one blocks\n"
+        "                item = holding.take(False)\n",
         tests=(
             f"{_STOPS}::test_sigterm_stops_the_relay_after_its_running_handlers_and_marks_them",
             f"{_STOPS}::test_stop_from_another_thread_ends_the_batch_after_the_running_handler",
@@ -1682,9 +1674,9 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "RL8",
-        "outbox/deliver.py",
-        "                if relay.stopping:\n"
-        "                    more = more and holding.take(True) is not None\n",
+        "outbox/relay.py",
+        "                    if self._stopping:\n"
+        "                        more = more and holding.take(True) is not None\n",
         "",
         tests=(
             f"{_STOPS}::test_sigterm_stops_the_relay_after_its_running_handlers_and_marks_them",
@@ -1763,8 +1755,7 @@ MUTANTS: list[Mutant] = [
     m(
         "RL15",
         "outbox/deliver.py",
-        "                if error is not None:\n"
-        "                    _discard_broken_connections()\n",
+        "                if error is not None:\n                    discard_broken_connections()\n",
         "",
         tests=(f"{_OUTAGES}::test_a_handler_whose_session_dies_fails_alone[2]",),
         backends=(PG,),
@@ -1772,9 +1763,9 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "RL16",
-        "outbox/deliver.py",
-        "            if error is not None or connections[relay.using].errors_occurred:\n"
-        "                _discard_broken_connections()\n",
+        "outbox/relay.py",
+        "                if error is not None or connections[self.using].errors_occurred:\n"
+        "                    discard_broken_connections()\n",
         "",
         tests=(f"{_OUTAGES}::test_a_handler_whose_session_dies_fails_alone[1]",),
         backends=(PG,),
@@ -2080,17 +2071,19 @@ MUTANTS: list[Mutant] = [
         backends=(SQLITE,),
         what="a broker outage logs a warning per kick, not one per outage",
     ),
-    # outbox/marks.py, management/jobs.py: the relay command's watchdog, backoff, SIGTERM
+    # outbox/relay.py, management/jobs.py: the relay's keeper after close, backoff, SIGTERM
     m(
         "OR1",
-        "outbox/marks.py",
-        "            with self._cond:\n                self._stopped = False\n",
-        "",
+        "outbox/relay.py",
+        "                    keeper, self._keeper = self._keeper, None\n",
+        "                    keeper = self._keeper\n",
         tests=(
-            f"{_MARKS}::test_a_relay_used_again_after_close_marks_while_a_later_handler_blocks",
+            "tests/outbox/test_relay_leases.py::"
+            "test_a_relay_used_again_after_close_renews_its_lease_while_a_handler_blocks",
         ),
         backends=(PG,),
-        what="a watchdog started after Relay.close() stops at once: marks wait behind a handler",
+        what="a relay used again after close() has no lease keeper: a blocking handler's "
+        "lease is not renewed",
     ),
     m(
         "OR2",
@@ -2281,7 +2274,7 @@ def enter_schema(""",
             f"{_TENANTS}[test_a_relay_run_from_a_tenant_delivers_there_with_its_threads-tenant]",
         ),
         backends=(PG,),
-        what="a relay run from a tenant starts its handlers' threads and marks' writer in public",
+        what="a relay run from a tenant starts its handlers' threads and lease keeper in public",
     ),
     # Failure signatures: headroom to the lease, replay age, keys minted per attempt.
     m(
@@ -2352,27 +2345,15 @@ def enter_schema(""",
     ),
     m(
         "RC2",
-        "outbox/marks.py",
-        "            _close_connections()  # a ``delivered`` receiver may have used",
-        "            pass  #",
+        "outbox/lease.py",
+        "        finally:\n            connections.close_all()\n",
+        "        finally:\n            pass\n",
         tests=(
             "tests/outbox/test_relay_connections.py::"
             "test_the_relay_command_closes_the_connections_it_opened_when_it_returns",
         ),
         backends=(PG,),
-        what="the marks' writer leaves its connections open when the relay closes",
-    ),
-    m(
-        "RC3",
-        "outbox/marks.py",
-        "            _close_connections()  # a ``delivered`` receiver may have used",
-        "            _close_connection(self.using)  #",
-        tests=(
-            "tests/outbox/test_relay_connections.py::"
-            "test_the_relay_command_closes_the_connections_it_opened_when_it_returns",
-        ),
-        backends=(PG,),
-        what="the marks' writer leaves open the connections its receivers opened to other aliases",
+        what="the lease keeper leaves its connections open when the relay closes",
     ),
     m(
         "RC4",

@@ -1,26 +1,22 @@
 """The relay's grouped marks (docs/outbox.md, "Marks"): one UPDATE per group, the
-claim's fence, the writer between batches, and what a killed relay redelivers."""
+claim's fence, every batch marked when it returns, and what a killed relay redelivers."""
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from django_idempotency import outbox, signals
 from django_idempotency.models import OutboxMessage, OutboxState
 from django_idempotency.outbox import relay
 from django_idempotency.testing import travel
-from tests.support.faults import admin_connection, terminate, wait_for
-from tests.support.pgbouncer import NOT_POOLED
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,23 +54,25 @@ def test_a_batch_is_marked_in_one_statement_per_group(noop, settings):
 
 
 @pytest.mark.postgres
-def test_the_writer_marks_a_batch_while_the_next_one_is_claimed(noop, settings):
-    """Between batches of one ``Relay`` the marks are written by the writer thread; all
-    are written once the relay is closed, each message sent once."""
+def test_each_batch_of_a_relay_is_marked_when_it_returns(noop, settings):
+    """Batch after batch of one ``Relay``: each batch's messages are sent when its
+    ``deliver_batch`` returns, each once, with one ``delivered`` signal each."""
     settings.IDEMPOTENCY = {"OUTBOX_KICK": False}
     ids = enqueue(30, "marks.noop")
-    sent_by: list[str] = []
+    delivered: list[int] = []
     signals.outbox_delivered.connect(
-        receiver := lambda sender, **kw: sent_by.append(threading.current_thread().name)
+        receiver := lambda sender, **kw: delivered.append(kw["message_id"])
     )
     try:
         with relay.Relay() as one:
-            assert [one.deliver_batch(10) for _ in range(4)] == [10, 10, 10, 0]
+            for batch in range(3):
+                assert one.deliver_batch(10) == 10
+                assert sent(ids[: 10 * (batch + 1)])
+            assert one.deliver_batch(10) == 0
     finally:
         signals.outbox_delivered.disconnect(receiver)
     assert sorted(noop) == ids
-    assert len(sent_by) == 30
-    assert "outbox-marks-writer" in sent_by  # at least one group was written there
+    assert sorted(delivered) == ids
     rows = OutboxMessage.objects.filter(pk__in=ids)
     assert set(rows.values_list("state", "attempts")) == {(OutboxState.SENT, 1)}
 
@@ -190,166 +188,6 @@ def test_a_relay_killed_with_pending_marks_redelivers_only_those(settings):
     )
 
 
-class Batches(threading.Thread):
-    """A relay on its own thread: ``Relay.deliver_batch`` with each size, then close."""
-
-    def __init__(self, *sizes: int) -> None:
-        super().__init__(name="relay-under-test")
-        self.sizes = sizes
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            with relay.Relay(lease=60) as one:
-                for size in self.sizes:
-                    one.deliver_batch(size)
-        except BaseException as exc:
-            self.error = exc
-        finally:
-            connections.close_all()
-
-
 def sent(ids: list[int]) -> bool:
     rows = OutboxMessage.objects.filter(pk__in=ids, state=OutboxState.SENT)
     return rows.count() == len(ids)
-
-
-@pytest.mark.postgres
-@NOT_POOLED
-def test_the_watchdog_reconnects_when_its_connection_dies(settings, caplog):
-    """The marks' writer loses its connection (its backend terminated, as in a server
-    restart) between two groups: it connects again and writes the next group at its
-    deadline while a later handler still blocks, with one warning in the log."""
-    settings.IDEMPOTENCY = {"OUTBOX_KICK": False, "OUTBOX_MARK_DELAY": 0.05}
-    caplog.set_level(logging.INFO, logger="django_idempotency.outbox")
-    ids = enqueue(3, "marks.dies")
-    writer: list[int] = []
-    entered, proceed = threading.Event(), threading.Event()
-
-    def on_delivered(sender: str, **kwargs: object) -> None:
-        if threading.current_thread().name == "outbox-marks-writer":
-            writer.append(connections["default"].connection.info.backend_pid)
-
-    def handler(message: OutboxMessage, key: str) -> None:
-        if message.pk == ids[1]:
-            terminate(wait_for(lambda: writer)[-1])  # the writer wrote the first batch
-        if message.pk == ids[2]:
-            entered.set()
-            proceed.wait(30)
-
-    outbox.register("marks.dies")(handler)
-    signals.outbox_delivered.connect(on_delivered)
-    batches = Batches(1, 10)
-    try:
-        batches.start()
-        assert entered.wait(30)
-        wait_for(lambda: sent(ids[:2]), timeout=10)  # while handler 2 blocks
-    finally:
-        proceed.set()
-        batches.join(30)
-        signals.outbox_delivered.disconnect(on_delivered)
-        outbox.unregister("marks.dies")
-    assert batches.error is None
-    assert sent(ids)
-    warnings = [r for r in caplog.records if "marks not written yet" in r.getMessage()]
-    assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
-    assert "outbox marks written again after 1 failed tries" in caplog.text
-
-
-@pytest.mark.postgres
-def test_marks_retried_after_a_failed_write_keep_their_deadline(settings, caplog):
-    """The writer's write of a group fails while the relay delivers the next message,
-    whose mark joins a new group (due ``OUTBOX_MARK_DELAY``, an hour here, later). The
-    failed group is retried at once, not at the newer group's deadline: both messages
-    are sent while a later handler still blocks."""
-    settings.IDEMPOTENCY = {"OUTBOX_KICK": False, "OUTBOX_MARK_DELAY": 3600.0}
-    ids = enqueue(3, "marks.retry")
-    locker, observer = admin_connection(), admin_connection()
-    entered, proceed = threading.Event(), threading.Event()
-
-    def lock_waiter() -> int | None:
-        row = observer.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-            "AND wait_event_type = 'Lock' AND query LIKE %s",
-            ["%SET state = 'sent'%"],
-        ).fetchone()
-        return row[0] if row else None
-
-    def handler(message: OutboxMessage, key: str) -> None:
-        if message.pk == ids[0]:  # its mark will wait for this row lock
-            locker.execute("BEGIN")
-            locker.execute(
-                "SELECT 1 FROM django_idempotency_outbox WHERE id = %s FOR UPDATE", [ids[0]]
-            )
-        if message.pk == ids[1]:
-            wait_for(lock_waiter)  # the writer took the first group and waits
-        if message.pk == ids[2]:
-            entered.set()
-            proceed.wait(30)
-
-    outbox.register("marks.retry")(handler)
-    batches = Batches(1, 10)
-    try:
-        batches.start()
-        assert entered.wait(30)
-        observer.execute("SELECT pg_cancel_backend(%s)", [wait_for(lock_waiter)])
-        wait_for(lambda: "marks not written yet" in caplog.text)
-        locker.execute("ROLLBACK")  # the row lock is gone: the retry can write
-        wait_for(lambda: sent(ids[:2]), timeout=10)  # while handler 2 blocks
-    finally:
-        proceed.set()
-        batches.join(30)
-        outbox.unregister("marks.retry")
-        locker.close()
-        observer.close()
-    assert batches.error is None
-    assert sent(ids)
-
-
-@pytest.mark.postgres
-def test_a_relay_used_again_after_close_marks_while_a_later_handler_blocks(settings):
-    """The command closes its relay before it sleeps, then uses it again. After that,
-    the first message of a batch is still marked sent while the batch's next handler
-    blocks: closing stopped the watchdog, the next batch started it again."""
-    settings.IDEMPOTENCY = {"OUTBOX_KICK": False}
-    entered, proceed = threading.Event(), threading.Event()
-    closed, enqueued = threading.Event(), threading.Event()
-    blocking: list[int] = []
-    errors: list[BaseException] = []
-
-    def handler(message: OutboxMessage, key: str) -> None:
-        if message.pk in blocking:
-            entered.set()
-            proceed.wait(30)
-
-    def relay_thread() -> None:
-        try:
-            with relay.Relay() as each:
-                each.deliver_batch(10)
-                each.close()  # as the command does before it sleeps
-                closed.set()
-                assert enqueued.wait(30)
-                each.deliver_batch(10)
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
-    outbox.register("marks.again")(handler)
-    try:
-        enqueue(1, "marks.again")
-        thread = threading.Thread(target=relay_thread)
-        thread.start()
-        assert closed.wait(30)
-        ids = enqueue(2, "marks.again")
-        blocking.append(ids[1])
-        enqueued.set()
-        assert entered.wait(30) or errors, "the relay never ran its second batch"
-        wait_for(lambda: sent(ids[:1]), timeout=10)  # while handler 2 blocks
-    finally:
-        proceed.set()
-        enqueued.set()
-        thread.join(30)
-        outbox.unregister("marks.again")
-    assert not errors, errors
-    assert sent(ids)

@@ -1,6 +1,6 @@
 """The relay command closes the database connections it opened when it returns
-(docs/outbox.md, "Management command"): its own on the calling thread, its marks'
-writer's, its pool threads'. A process that runs it and lives on (a Celery worker, a
+(docs/outbox.md, "Management command"): its own on the calling thread, its lease
+keeper's, its pool threads'. A process that runs it and lives on (a Celery worker, a
 script or a test calling ``call_command``) keeps no server session of it, however the
 command ends: drained (``--once``), ``--max-iterations``, ``SIGTERM`` or an exception.
 
@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
-from django.db import OperationalError, ProgrammingError, connections, transaction
+from django.db import ProgrammingError, connections, transaction
 from django.db.backends.signals import connection_created
 
 from django_idempotency import outbox, signals
@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.postgres, NOT_POOLED, pytest.mark.django_db(transactio
 
 TOPIC = "connections.topic"
 REPLICA = "connections.replica"
-WRITER = "outbox-marks-writer"
+KEEPER = "outbox-lease-keeper"
 
 
 class Opened:
@@ -87,19 +87,21 @@ def enqueue(n: int) -> list[int]:
 
 class Handler:
     """Each call uses the ORM (a pool thread connects). Inline, the second waits until
-    the marks' writer wrote the first mark (its connection is open, and its
-    ``delivered`` receiver opened one to another alias), and the last one ends the
-    command as ``end`` says: ``"sigterm"`` or ``"error"`` (``SystemExit``)."""
+    the lease keeper renewed the lease (its connection is open), and the last one ends
+    the command as ``end`` says: ``"sigterm"`` or ``"error"`` (``SystemExit``). A
+    ``delivered`` receiver opens a connection to another alias."""
 
     def __init__(self, ids: list[int], end: str, pooled: bool) -> None:
         self.ids, self.end, self.pooled = ids, end, pooled
-        self.written = threading.Event()
+        self.renewed = threading.Event()
         self.together = threading.Barrier(2, timeout=30)
 
+    def on_connect(self, sender: object, connection: Any, **kwargs: object) -> None:
+        if threading.current_thread().name == KEEPER:
+            self.renewed.set()
+
     def on_delivered(self, sender: str, **kwargs: object) -> None:
-        if threading.current_thread().name == WRITER:
-            connections["replica"].ensure_connection()  # a receiver using another alias
-            self.written.set()
+        connections["replica"].ensure_connection()  # a receiver using another alias
 
     def __call__(self, message: OutboxMessage, dedup_key: str) -> None:
         assert OutboxMessage.objects.filter(pk=message.pk).exists()
@@ -108,7 +110,7 @@ class Handler:
                 self.together.wait()  # both pool threads run a handler (and connect)
             return
         if message.pk == self.ids[1]:
-            assert self.written.wait(30)  # the writer wrote the first mark meanwhile
+            assert self.renewed.wait(30)  # the keeper renews the lease meanwhile
         if message.pk == self.ids[-1]:
             if self.end == "sigterm":
                 os.kill(os.getpid(), signal.SIGTERM)
@@ -134,14 +136,17 @@ def test_the_relay_command_closes_the_connections_it_opened_when_it_returns(
     opened, settings, end, arguments
 ):
     """However the command returns, no session it opened is left on the server: the
-    calling thread's, the marks' writer's, the pool threads'."""
+    calling thread's (a ``delivered`` receiver's to another alias included), the lease
+    keeper's, the pool threads'."""
     if end == "sigterm" and threading.current_thread() is not threading.main_thread():
         pytest.skip("SIGTERM is handled on the main thread only")
-    settings.IDEMPOTENCY = {"OUTBOX_KICK": False, "OUTBOX_MARK_DELAY": 0.05}
+    # A lease short enough for the keeper to renew it (and connect) during the run.
+    settings.IDEMPOTENCY = {"OUTBOX_KICK": False, "OUTBOX_RELAY_LEASE": 3.0}
     ids = enqueue(4)
     handler = Handler(ids, end, pooled=end == "pool")
     outbox.register(TOPIC)(handler)
     signals.outbox_delivered.connect(handler.on_delivered)
+    connection_created.connect(handler.on_connect)
     connections["default"].close()  # the command opens the calling thread's own
     opened.seen.clear()
     try:
@@ -153,12 +158,12 @@ def test_the_relay_command_closes_the_connections_it_opened_when_it_returns(
         pids = opened.pids()
         main = threading.current_thread().name  # the calling thread
         pool = {"outbox-relay-0", "outbox-relay-1"}
-        assert opened.threads() >= ({main, *pool} if end == "pool" else {main, WRITER})
-        if end != "pool":
-            assert {w.alias for t, w, _pid in opened.seen if t == WRITER} == {"default", "replica"}
+        assert opened.threads() >= ({main, *pool} if end == "pool" else {main, KEEPER})
+        assert {w.alias for t, w, _pid in opened.seen if t == main} == {"default", "replica"}
         wait_for(lambda: not live(pids), timeout=10)  # the server ends each session
         assert all(wrapper.connection is None for _thread, wrapper, _pid in opened.seen)
     finally:
+        connection_created.disconnect(handler.on_connect)
         signals.outbox_delivered.disconnect(handler.on_delivered)
         outbox.unregister(TOPIC)
     delivered = ids[:-1] if end == "error" else ids
@@ -186,59 +191,50 @@ def test_the_relay_command_leaves_the_callers_open_connection_open(opened, setti
 
 @pytest.mark.django_db(transaction=True, databases=["default", "replica"])
 def test_a_relay_that_fails_to_close_does_not_keep_the_others_open(opened, settings):
-    """Two databases; the last marks of the first are refused by an error that is not
-    an outage (a bug, a deployment mistake): the command still closes the second's
-    relay (its marks written, its writer's session ended), then raises the error."""
+    """Two databases; the marks of the second are refused by an error that is not an
+    outage (a bug, a deployment mistake): the command still closes the first's relay
+    (its marks written, its lease keeper's session ended), then raises the error."""
     settings.IDEMPOTENCY = {
         "OUTBOX_KICK": False,
-        "OUTBOX_MARK_DELAY": 0.05,
-        "DATABASES": ["default", "replica"],
+        "OUTBOX_RELAY_LEASE": 3.0,  # the keeper renews (and connects) during the run
+        "DATABASES": ["replica", "default"],
     }
     with transaction.atomic(using="default"):
         outbox.enqueue(TOPIC, {"n": 0})
     with transaction.atomic(using="replica"):
         replica_ids = [outbox.enqueue(REPLICA, {"n": i}, using="replica").pk for i in range(2)]
-    written = threading.Event()
+    renewed = threading.Event()
 
-    def on_delivered(sender: str, **kwargs: object) -> None:
-        if sender == REPLICA and threading.current_thread().name == WRITER:
-            written.set()
+    def on_connect(sender: object, connection: Any, **kwargs: object) -> None:
+        if connection.alias == "replica" and threading.current_thread().name == KEEPER:
+            renewed.set()
 
     def on_replica(message: OutboxMessage, dedup_key: str) -> None:
         if message.pk == replica_ids[1]:
-            assert written.wait(30)  # the replica's writer wrote the first mark (connected)
+            assert renewed.wait(30)  # the replica's keeper renewed the lease (connected)
 
-    def refuse(error: type[Exception]) -> Any:
-        def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-            if "SET state = 'sent'" in sql:
-                raise error("marks refused")
-            return execute(sql, params, many, context)
-
-        return wrapper
-
-    def on_connect(sender: object, connection: Any, **kwargs: object) -> None:
-        if connection.alias == "default" and threading.current_thread().name == WRITER:
-            connection.execute_wrappers.append(refuse(OperationalError))  # retried
+    def refuse(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        if "SET state = 'sent'" in sql:
+            raise ProgrammingError("marks refused")
+        return execute(sql, params, many, context)
 
     outbox.register(TOPIC)(lambda message, key: None)
     outbox.register(REPLICA)(on_replica)
-    signals.outbox_delivered.connect(on_delivered)
     connection_created.connect(on_connect)
     try:
         with (
-            connections["default"].execute_wrapper(refuse(ProgrammingError)),
+            connections["default"].execute_wrapper(refuse),
             pytest.raises(ProgrammingError, match="marks refused"),
         ):
             call_command("idempotency_relay", "--once", stdout=io.StringIO())
-        writers = [
-            pid for thread, w, pid in opened.seen if thread == WRITER and w.alias == "replica"
+        keepers = [
+            pid for thread, w, pid in opened.seen if thread == KEEPER and w.alias == "replica"
         ]
-        assert writers  # the replica's writer had connected
-        wait_for(lambda: not live(writers), timeout=10)
-        assert WRITER not in {thread.name for thread in threading.enumerate()}
+        assert keepers  # the replica's keeper had connected
+        wait_for(lambda: not live(keepers), timeout=10)
+        assert KEEPER not in {thread.name for thread in threading.enumerate()}
     finally:
         connection_created.disconnect(on_connect)
-        signals.outbox_delivered.disconnect(on_delivered)
         outbox.unregister(TOPIC)
         outbox.unregister(REPLICA)
     sent = OutboxMessage.objects.using("replica").filter(pk__in=replica_ids)

@@ -5,7 +5,9 @@ handler kills the relay is dead-lettered after ``OUTBOX_MAX_ATTEMPTS`` runs."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import logging
 import signal
 import threading
 import time
@@ -14,13 +16,15 @@ from typing import Any
 
 import pytest
 from django.db import connections, transaction
+from django.db.backends.signals import connection_created
 
 from django_idempotency import outbox
 from django_idempotency.conf import conf
 from django_idempotency.models import OutboxMessage, OutboxState
 from django_idempotency.outbox import relay
 from django_idempotency.testing import travel
-from tests.support.faults import wait_for
+from tests.support.faults import terminate, wait_for
+from tests.support.pgbouncer import NOT_POOLED
 from tests.support.relay_process import SENT, child, states
 from tests.support.relay_process import enqueue as enqueue_for_children
 
@@ -173,3 +177,121 @@ def test_a_message_that_kills_its_relay_is_dead_lettered_after_max_attempts():
         assert "never reported back" in message.last_error
     finally:
         outbox.unregister("tests.poison")
+
+
+KEEPER = "outbox-lease-keeper"
+
+
+def renewed_past(pk: int, until: dt.datetime) -> bool:
+    return OutboxMessage.objects.get(pk=pk).available_at > until
+
+
+def blocking_relay(
+    handler: Any, *, first: int | None = None, go: threading.Event | None = None
+) -> tuple[threading.Thread, list[BaseException], threading.Event]:
+    """A ``Relay`` with the short lease on a thread of its own: a batch of ``first``
+    messages (if given) and ``close()``, then, once ``go`` is set, a batch of 10, then
+    ``close()``. Returns the thread (started), the errors it met and the event set once
+    the first batch's relay was closed."""
+    errors: list[BaseException] = []
+    closed = threading.Event()
+
+    def run() -> None:
+        try:
+            with relay.Relay(lease=LEASE) as one:
+                if first is not None:
+                    one.deliver_batch(first)
+                    one.close()  # as the command does before it sleeps
+                closed.set()
+                assert go is None or go.wait(30)
+                one.deliver_batch(10)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    outbox.register("tests.keeper")(handler)
+    thread = threading.Thread(target=run, name="relay-under-test")
+    thread.start()
+    return thread, errors, closed
+
+
+@pytest.mark.postgres
+@NOT_POOLED
+def test_the_lease_is_renewed_after_the_keepers_connection_dies(settings, caplog):
+    """The lease keeper's session is terminated (as in a server restart) while a handler
+    blocks: the keeper connects again and renews the lease past the claim's, with one
+    warning in the log, and the message is delivered once."""
+    settings.IDEMPOTENCY = {"OUTBOX_KICK": False}
+    caplog.set_level(logging.INFO, logger="django_idempotency.outbox")
+    keepers: list[int] = []
+    recorder = keeper_sessions(keepers)
+    with transaction.atomic():
+        pk = outbox.enqueue("tests.keeper", {}).pk
+    proceed = threading.Event()
+
+    def handler(message: OutboxMessage, key: str) -> None:
+        claimed = OutboxMessage.objects.get(pk=message.pk).available_at
+        terminate(wait_for(lambda: keepers)[-1])  # after its first renewal
+        wait_for(lambda: len(keepers) > 1)  # it connected again
+        wait_for(lambda: renewed_past(message.pk, claimed + dt.timedelta(seconds=LEASE)))
+        proceed.set()
+
+    thread, errors, _closed = blocking_relay(handler)
+    try:
+        assert proceed.wait(30)
+    finally:
+        thread.join(30)
+        connection_created.disconnect(recorder)
+        outbox.unregister("tests.keeper")
+    assert not errors, errors
+    assert OutboxMessage.objects.filter(pk=pk).values_list("state", "attempts").get() == (
+        OutboxState.SENT,
+        1,
+    )
+    warnings = [r for r in caplog.records if "lease not renewed yet" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
+    assert "outbox relay lease renewed again after 1 failed tries" in caplog.text
+
+
+@pytest.mark.postgres
+def test_a_relay_used_again_after_close_renews_its_lease_while_a_handler_blocks(settings):
+    """The command closes its relay before it sleeps, then uses it again: a handler of
+    the later batch that blocks past the lease still has its lease renewed."""
+    settings.IDEMPOTENCY = {"OUTBOX_KICK": False}
+    with transaction.atomic():
+        outbox.enqueue("tests.keeper", {"block": False})
+    renewed = threading.Event()
+
+    def handler(message: OutboxMessage, key: str) -> None:
+        if message.payload["block"]:
+            claimed = OutboxMessage.objects.get(pk=message.pk).available_at
+            late = claimed + dt.timedelta(seconds=LEASE)
+            with contextlib.suppress(AssertionError):
+                wait_for(lambda: renewed_past(message.pk, late), timeout=10)
+                renewed.set()
+
+    go = threading.Event()
+    thread, errors, closed = blocking_relay(handler, first=10, go=go)
+    try:
+        assert closed.wait(30)
+        with transaction.atomic():
+            pk = outbox.enqueue("tests.keeper", {"block": True}).pk
+    finally:
+        go.set()
+        thread.join(30)
+        outbox.unregister("tests.keeper")
+    assert not errors, errors
+    assert renewed.is_set(), "the lease was not renewed while the handler blocked"
+    assert OutboxMessage.objects.get(pk=pk).state == OutboxState.SENT
+
+
+def keeper_sessions(pids: list[int]) -> Any:
+    """Record the backend pid of each connection a lease keeper opens, in ``pids``."""
+
+    def recorder(sender: object, connection: Any, **kwargs: object) -> None:
+        if threading.current_thread().name == KEEPER:
+            pids.append(connection.connection.info.backend_pid)
+
+    connection_created.connect(recorder)
+    return recorder

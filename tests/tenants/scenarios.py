@@ -177,7 +177,7 @@ def test_one_relay_run_delivers_each_tenants_messages_in_its_schema(
         call_command("idempotency_relay", "--once", "--threads", str(threads), stdout=io.StringIO())
 
     _assert_delivered_in_place()
-    # The handlers' threads and the marks' writer ran in the relay's schema: no mark
+    # The handlers' threads and the lease keeper ran in the relay's schema: no mark
     # or delivery failed on the way (a wrong schema has no outbox table).
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 

@@ -209,5 +209,5 @@ def test_a_relay_run_from_a_tenant_delivers_there_with_its_threads(
         assert not OutboxMessage.objects.exclude(state=OutboxState.SENT).exists()
         delivered = sorted(Delivery.objects.values_list("order", flat=True))
         assert delivered == sorted(Order.objects.values_list("pk", flat=True))
-    # The pool's threads and the marks' writer worked in beta: nothing failed on the way.
+    # The pool's threads and the lease keeper worked in beta: nothing failed on the way.
     assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []

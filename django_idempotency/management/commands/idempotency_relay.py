@@ -108,8 +108,8 @@ class Command(BaseCommand):
             raise CommandError("--max-iterations must be at least 1.")
         aliases = (options["database"],) if options["database"] else all_databases()
         once = options["once"]
-        # One relay per database (and tenant schema) for the whole run: a batch's marks
-        # are written while the next batch is claimed (docs/outbox.md, "Marks").
+        # One relay per database (and tenant schema) for the whole run: its lease keeper
+        # and handler pool are kept from batch to batch (docs/outbox.md, "The relay").
         relays: dict[Target, relay.Relay] = {}
         self._dropped = []
         outages = {alias: Outage("outbox relay", alias, logger) for alias in aliases}
