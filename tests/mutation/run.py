@@ -824,8 +824,8 @@ MUTANTS: list[Mutant] = [
         "PH3",
         "protocol/phases.py",
         "    if not context.recovery_point:\n"
-        "        claims.release(context.claim, status)\n        return\n",
-        "    claims.release(context.claim, status)\n    return\n",
+        "        release_claim(context.claim, status)\n        return\n",
+        "    release_claim(context.claim, status)\n    return\n",
         tests=("tests/protocol/test_phases.py",),
         what="a failed phased request keeps its lease: the retry waits instead of resuming",
     ),

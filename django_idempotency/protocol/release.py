@@ -18,11 +18,20 @@ from django_idempotency.logs import scope_fields
 logger = logging.getLogger("django_idempotency")
 
 
-def release(claim: store.Claim, status: int | None) -> None:
+def release_claim(claim: store.Claim, status: int | None) -> None:
     """Delete the claim's record and send ``released`` (``status``: the view's, if any).
 
-    A database failure is logged, never raised: the lease runs out on its own, and the
-    error that led to the release is the one the caller reports.
+    Args:
+        claim: the claim to release; the delete is fenced by its owner token, so a
+            claim another caller took over is left alone.
+        status: the HTTP status of the view's response that is not stored, ``None``
+            when no response was made (the view or block raised, or its transaction
+            cannot commit).
+
+    A ``DatabaseError`` or ``InterfaceError`` of the store is logged at ``ERROR`` on the
+    ``django_idempotency`` logger with the scope's fields, and ``released`` is not sent;
+    nothing is raised: the lease runs out on its own, and the error that led to the
+    release is the one the caller reports.
     """
     kwargs = scope_fields(claim.scope)
     try:
