@@ -1,9 +1,9 @@
 """The release of a claim.
 
-Both the single-transaction execution (``execute``) and the phased one (``phases``)
-release a claim the same way: the record is deleted (fenced by the owner token) and
-the ``released`` signal is sent; a store that fails meanwhile is logged, and the lease
-runs out on its own.
+The single-transaction execution (``execute``), the phased one (``phases``) and the
+inbox's ``once()`` blocks release a claim the same way: the record is deleted (fenced
+by the owner token) and the ``released`` signal is sent; a store that fails meanwhile
+is logged, and the lease runs out on its own.
 """
 
 from __future__ import annotations

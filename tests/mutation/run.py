@@ -1416,8 +1416,8 @@ MUTANTS: list[Mutant] = [
     m(
         "CL19",
         "inbox/calls.py",
-        "        except BaseException:\n            _release(claim)\n",
-        "        except Exception:\n            _release(claim)\n",
+        "        except BaseException:\n            release_claim(claim, None)\n",
+        "        except Exception:\n            release_claim(claim, None)\n",
         tests=(
             "tests/inbox/test_calls.py::"
             "test_a_block_stopped_by_systemexit_or_keyboardinterrupt_releases_its_key",
