@@ -2337,6 +2337,18 @@ def enter_schema(""",
         ),
         what="an audit run that missed a database zeroes the keys-minted gauges",
     ),
+    m(
+        "OP7",
+        "store/operators.py",
+        "_KEY_HASH_SQL = \"left(encode(sha256(convert_to(key, 'UTF8')), 'hex'), 12)\"\n",
+        "_KEY_HASH_SQL = \"left(encode(sha256(convert_to(key, 'UTF8')), 'hex'), 16)\"\n",
+        tests=(
+            "tests/store/test_operators.py::"
+            "test_with_key_hash_finds_exactly_the_records_whose_key_has_that_hash",
+        ),
+        backends=(PG,),
+        what="--key-hash on PostgreSQL compares another digest than the logs' key_hash",
+    ),
     # the relay command closes the connections it opened when it returns
     m(
         "RC1",
