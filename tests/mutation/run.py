@@ -2338,6 +2338,19 @@ def enter_schema(""",
         what="an audit run that missed a database zeroes the keys-minted gauges",
     ),
     m(
+        "FS6",
+        "store/reports.py",
+        "                cursor.execute(\"SELECT set_config('statement_timeout', %s, true)\", "
+        "[previous])\n",
+        "                pass\n",
+        tests=(
+            "tests/store/test_reports.py::"
+            "test_a_bounded_read_leaves_the_callers_statement_timeout_as_it_was",
+        ),
+        backends=(PG,),
+        what="a bounded read leaves its statement_timeout in force in the caller's transaction",
+    ),
+    m(
         "OP7",
         "store/operators.py",
         "_KEY_HASH_SQL = \"left(encode(sha256(convert_to(key, 'UTF8')), 'hex'), 12)\"\n",
