@@ -20,13 +20,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from django.db import connections
-from django.db.models import Count, Min, Q
 from django.dispatch import Signal
 
 from django_idempotency import signals
-from django_idempotency.models import OutboxMessage, OutboxState
-from django_idempotency.store import clock
+from django_idempotency.store import reports
+from django_idempotency.store.reports import OutboxStats as OutboxStats  # public here
 from django_idempotency.store.routing import outbox_database
 
 logger = logging.getLogger("django_idempotency.metrics")
@@ -319,38 +317,6 @@ class InMemoryMetrics:
             )
 
 
-@dataclass(frozen=True)
-class OutboxStats:
-    """The outbox's state now, for gauges such as the outbox lag (docs/observability.md).
-
-    Attributes:
-        pending: messages not yet delivered (due, backing off, or held by a relay).
-        due: pending messages due now, that no relay holds: the relay's backlog.
-        dead: dead-lettered messages (need an operator: docs/operations.md).
-        lag: seconds the oldest due message has been waiting since it became due;
-            0.0 when nothing is due. Grows when no relay runs or relays fall behind.
-        oldest_pending_age: seconds since the oldest pending message was enqueued,
-            backoff included; 0.0 when nothing is pending.
-    """
-
-    pending: int
-    due: int
-    dead: int
-    lag: float
-    oldest_pending_age: float
-
-
-_PG_STATS_SQL = """
-SELECT count(*),
-       count(*) FILTER (WHERE available_at <= {now}),
-       (SELECT count(*) FROM {table} WHERE state = 'dead'),
-       COALESCE(EXTRACT(EPOCH FROM {now} - min(available_at)
-                FILTER (WHERE available_at <= {now})), 0)::float8,
-       COALESCE(EXTRACT(EPOCH FROM {now} - min(created_at)), 0)::float8
-FROM {table} WHERE state = 'pending'
-"""
-
-
 def outbox_stats(using: str | None = None) -> OutboxStats:
     """Count the outbox's messages and measure its lag with the store's clock.
 
@@ -366,34 +332,4 @@ def outbox_stats(using: str | None = None) -> OutboxStats:
         django.db.DatabaseError: the database failed (the caller decides; the
             Prometheus collector skips the gauges for that scrape).
     """
-    using = using or outbox_database()
-    connection = connections[using]
-    if connection.vendor == "postgresql":
-        now = "(statement_timestamp() + %(offset)s * interval '1 second')"
-        table = connection.ops.quote_name(OutboxMessage._meta.db_table)
-        with connection.cursor() as cursor:
-            cursor.execute(_PG_STATS_SQL.format(now=now, table=table), {"offset": clock.offset()})
-            pending, due, dead, lag, oldest = cursor.fetchone()
-        return OutboxStats(int(pending), int(due), int(dead), float(lag), float(oldest))
-    moment = clock.app_now()
-    due = clock.to_db(moment, connection)
-    messages = OutboxMessage.objects.using(using)
-    agg = messages.filter(state=OutboxState.PENDING).aggregate(
-        pending=Count("pk"),
-        due=Count("pk", filter=Q(available_at__lte=due)),
-        first_due=Min("available_at", filter=Q(available_at__lte=due)),
-        first_created=Min("created_at"),
-    )
-
-    def age(value: Any) -> float:
-        if value is None:
-            return 0.0
-        return max(0.0, (moment - clock.from_db(value, connection)).total_seconds())
-
-    return OutboxStats(
-        pending=agg["pending"],
-        due=agg["due"],
-        dead=messages.filter(state=OutboxState.DEAD).count(),
-        lag=age(agg["first_due"]),
-        oldest_pending_age=age(agg["first_created"]),
-    )
+    return reports.outbox_stats(using or outbox_database())

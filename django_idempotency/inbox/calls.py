@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from functools import wraps
 from typing import Any, TypeVar
 
-from django.db import DatabaseError, InterfaceError, transaction
+from django.db import transaction
 
 from django_idempotency import exceptions, signals, store, transactions
 from django_idempotency.conf import conf
@@ -27,6 +27,7 @@ from django_idempotency.protocol.begin import fit
 from django_idempotency.protocol.context import IdempotencyContext, running
 from django_idempotency.protocol.execute import executed
 from django_idempotency.protocol.keys import check_key
+from django_idempotency.protocol.release import release_claim
 from django_idempotency.store import presence
 from django_idempotency.store.routing import record_database
 from django_idempotency.transactions import write_guard
@@ -109,14 +110,6 @@ def encode_result(result: Any) -> bytes:
     return body
 
 
-def _release(claim: store.Claim) -> None:
-    try:
-        store.release(claim)
-    except (DatabaseError, InterfaceError):  # the lease runs out instead; keep the cause
-        return
-    signals.released.send(claim.scope.endpoint, status=None, **scope_fields(claim.scope))
-
-
 @contextmanager
 def once(
     key: str,
@@ -157,6 +150,9 @@ def once(
     A block that leaves its transaction unable to commit (``transaction.set_rollback``,
     a PostgreSQL error caught without a savepoint) ends the ``with`` statement normally
     with nothing stored and the key released (``attempt.result`` as the block left it).
+    A release the store fails (a ``DatabaseError``) is logged at ``ERROR``, as a view's
+    is, and the block's own exception is the one raised; the key is taken over once its
+    lease runs out.
     Called inside a running block or view that claimed the same scope on ``using``, the
     block is part of that execution: it runs, nothing is claimed or stored for it, and
     ``attempt.context`` is the running one's (docs/inbox.md).
@@ -229,13 +225,13 @@ def once(
                 store.complete(claim, store.StoredResponse(_RESULT_STATUS, _RESULT_HEADERS, body))
         except _Doomed as doomed_block:
             _log_doomed(scope, doomed_block.reason)
-            _release(claim)
+            release_claim(claim, None)
             return
         except exceptions.LeaseLost:
             signals.fenced.send(scope.endpoint, **scope_fields(scope))
             raise
         except BaseException:
-            _release(claim)
+            release_claim(claim, None)
             raise
         finally:
             presence.ensure_released(claim)  # the settling statement normally did it

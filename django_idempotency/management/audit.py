@@ -21,21 +21,17 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import DatabaseError, connections, transaction
+from django.db import DatabaseError, connections
 from django.utils.dateparse import parse_datetime
 
 from django_idempotency import signals
 from django_idempotency.models import IdempotencyRecord, RecordState
-from django_idempotency.store import clock
+from django_idempotency.store import clock, reports
 from django_idempotency.store.routing import record_database
-from django_idempotency.store.rows import sqlstate_of
 from django_idempotency.store.tenants import dropped_during, targets, use_schema
 
 #: The Celery task's name (``django_idempotency.tasks.audit_keys_minted``).
 AUDIT_TASK = "django_idempotency.audit_keys_minted"
-
-#: SQLSTATE of a statement cancelled by ``statement_timeout`` (PostgreSQL).
-QUERY_CANCELED = "57014"
 
 #: The groups of the window, then one row per endpoint counting them, then the most
 #: recent groups: one statement (the groups are aggregated once).
@@ -184,30 +180,20 @@ def _instant(value: Any, connection: Any) -> dt.datetime:
 
 
 def _query(using: str, since: dt.datetime, limit: int, timeout: float) -> list[tuple[Any, ...]]:
-    """Run the audit's statement, under ``statement_timeout`` on PostgreSQL."""
+    """Run the audit's statement, for at most ``timeout`` seconds where the store can bound it.
+
+    Raises:
+        AuditTooSlow: the statement ran past ``timeout`` and was cancelled.
+        django.db.DatabaseError: the database failed otherwise.
+    """
     connection = connections[using]
     table = connection.ops.quote_name(IdempotencyRecord._meta.db_table)
-    sql = _SQL.format(table=table)
     moment = connection.ops.adapt_datetimefield_value(since)
     params: list[Any] = [RecordState.COMPLETED.value, moment, limit]
-    postgres = connection.vendor == "postgresql"
     try:
-        with transaction.atomic(using=using), connection.cursor() as cursor:
-            if postgres:
-                cursor.execute("SELECT current_setting('statement_timeout')")
-                (previous,) = cursor.fetchone()
-                cursor.execute(
-                    "SELECT set_config('statement_timeout', %s, true)", [f"{int(timeout * 1000)}"]
-                )
-            cursor.execute(sql, params)
-            rows = list(cursor.fetchall())
-            if postgres:
-                cursor.execute("SELECT set_config('statement_timeout', %s, true)", [previous])
-    except DatabaseError as exc:
-        if sqlstate_of(exc) == QUERY_CANCELED:
-            raise AuditTooSlow(
-                f"the audit of keys minted per attempt ran past its {timeout:g} s "
-                "statement timeout: audit a shorter window"
-            ) from exc
-        raise
-    return rows
+        return reports.bounded_rows(using, _SQL.format(table=table), params, timeout=timeout)
+    except reports.StatementTimeout as exc:
+        raise AuditTooSlow(
+            f"the audit of keys minted per attempt ran past its {timeout:g} s "
+            "statement timeout: audit a shorter window"
+        ) from exc

@@ -16,7 +16,8 @@ Read the modules in this order; each uses only the ones after it (and ``store``,
    completion, the release or the 409 of a lost lease;
 6. ``decisions``: what ``begin`` returns (bypass, respond, proceed, nested, cannot run);
 7. ``context`` (``request.idempotency``) and ``phases`` (atomic phases, recovery
-   points, derived keys);
+   points, derived keys); ``release``: the release of a claim, shared by ``execute``,
+   ``phases`` and the inbox;
 8. ``options``: what a view chose, merged with the settings;
 9. ``responses`` (what is stored and replayed) and ``problems`` (problem+json);
 10. ``fingerprint`` (with ``exact_json``) and ``keys`` (the ``Idempotency-Key`` header

@@ -27,10 +27,11 @@ from django.http.response import HttpResponseBase
 from django_idempotency import exceptions, signals, store, transactions
 from django_idempotency.conf import conf
 from django_idempotency.logs import scope_fields
-from django_idempotency.protocol import claims, phases, problems
+from django_idempotency.protocol import phases, problems
 from django_idempotency.protocol.context import IdempotencyContext, UnprotectedContext
 from django_idempotency.protocol.decisions import Proceed
 from django_idempotency.protocol.options import Options
+from django_idempotency.protocol.release import release_claim
 from django_idempotency.protocol.responses import rebuild_consumed, snapshot
 from django_idempotency.store import heartbeat, presence
 from django_idempotency.transactions import write_guard
@@ -193,17 +194,17 @@ def _execute_atomic(
             store.complete(claim, stored)
             stage = "commit"
     except _Release as release:
-        claims.release(claim, release.response.status_code)
+        release_claim(claim, release.response.status_code)
         return release.response
     except exceptions.LeaseLost:
         return _lease_lost(claim)
     except (DatabaseError, InterfaceError) as exc:
-        claims.release(claim, None)
+        release_claim(claim, None)
         if stage == "view" or (stage == "commit" and isinstance(exc, IntegrityError)):
             raise  # the view's own database error, or its data refused at COMMIT: a 500
         return _completion_failed(claim, exc)
     except BaseException:
-        claims.release(claim, None)
+        release_claim(claim, None)
         raise
     signals.completed.send(claim.scope.endpoint, status=stored.status, **scope_fields(claim.scope))
     return response

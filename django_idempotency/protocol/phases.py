@@ -20,9 +20,9 @@ from django.db import DatabaseError, InterfaceError, transaction
 from django.http.response import HttpResponseBase
 
 from django_idempotency import exceptions, store
-from django_idempotency.protocol import claims
 from django_idempotency.protocol.context import IdempotencyContext
 from django_idempotency.protocol.options import Options
+from django_idempotency.protocol.release import release_claim
 from django_idempotency.protocol.responses import rebuild_consumed, snapshot
 
 logger = logging.getLogger("django_idempotency")
@@ -97,7 +97,7 @@ def execute(
 def _unwind(context: IdempotencyContext, status: int | None) -> None:
     """Release the claim if no phase committed, else end its lease so a retry resumes."""
     if not context.recovery_point:
-        claims.release(context.claim, status)
+        release_claim(context.claim, status)
         return
 
     extra = {"principal": context.principal, "endpoint": context.endpoint}

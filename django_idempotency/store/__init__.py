@@ -17,6 +17,7 @@ The machinery beside it: ``values`` (the plain values handed in and out, and how
 bodies are stored), ``isolation`` (which transaction a statement runs in), ``routing``
 (which database holds a record), ``clock`` (the one clock of leases and retention),
 ``presence`` (owner presence on PostgreSQL), ``heartbeat`` (the automatic heartbeat),
+``reports`` (the outbox's gauges, and reads bounded in time for the audit),
 ``sql`` and ``schema`` (the PostgreSQL statements, and what the migrations install).
 Leases and expiry follow one clock: see ``django_idempotency.store.clock``. The names
 above are loaded on first use, so that importing ``store.clock`` (the test kit does,

@@ -8,7 +8,8 @@
 * what the admin and ``manage.py idempotency_records`` show: each record's condition
   (:func:`with_condition`, :func:`condition_of`, :func:`only_condition`: in flight,
   abandoned, completed, judged by the store's clock and, on PostgreSQL, by the owner's
-  presence lock) and times as an operator reads them (:func:`relative`).
+  presence lock) and times as an operator reads them (:func:`relative`);
+* :func:`with_key_hash`: the records whose key has the ``key_hash`` of a log line.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from django.db import connections, transaction
 from django.db.models import BooleanField, F, Q, QuerySet, Value
 from django.db.models.expressions import RawSQL
 
+from django_idempotency.logs import key_hash
 from django_idempotency.models import IdempotencyRecord, RecordState
 from django_idempotency.store import clock
 from django_idempotency.store.fingerprints import same_request
@@ -183,6 +185,32 @@ def only_condition(queryset: QuerySet[Any], condition: str) -> QuerySet[Any]:
         abandoned: QuerySet[Any] = claimed.filter(~live | Q(_owner_gone=True))
         return abandoned
     raise ValueError(f"unknown condition {condition!r}; one of {', '.join(CONDITIONS)}")
+
+
+#: ``logs.key_hash`` of the ``key`` column, in SQL (PostgreSQL).
+_KEY_HASH_SQL = "left(encode(sha256(convert_to(key, 'UTF8')), 'hex'), 12)"
+
+
+def with_key_hash(queryset: QuerySet[Any], wanted: str) -> QuerySet[Any]:
+    """The records of ``queryset`` whose key's ``logs.key_hash`` is ``wanted``.
+
+    Args:
+        queryset: records (``IdempotencyRecord``), already filtered as the caller wants.
+        wanted: 12 lowercase hexadecimal digits, as a log line's ``key_hash`` shows them.
+
+    Returns:
+        A queryset of ``queryset``'s records: on PostgreSQL one statement that hashes
+        the keys in SQL; elsewhere the keys of ``queryset`` are read and hashed in
+        Python, and the matching records selected by primary key.
+    """
+    if connections[queryset.db].vendor == "postgresql":
+        hashed: QuerySet[Any] = queryset.alias(_key_hash=RawSQL(_KEY_HASH_SQL, []))
+        return hashed.filter(_key_hash=wanted)
+    ids = [
+        pk for pk, key in queryset.values_list("pk", "key").iterator() if key_hash(key) == wanted
+    ]
+    found: QuerySet[Any] = queryset.filter(pk__in=ids)
+    return found
 
 
 def condition_of(record: IdempotencyRecord, now: dt.datetime) -> str:

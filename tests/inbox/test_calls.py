@@ -14,7 +14,7 @@ import threading
 from typing import Any
 
 import pytest
-from django.db import connections, transaction
+from django.db import DatabaseError, connections, transaction
 from django.test import override_settings
 
 from django_idempotency import exceptions, inbox, outbox, retention, signals, store, testing
@@ -69,6 +69,37 @@ def test_a_block_stopped_by_systemexit_or_keyboardinterrupt_releases_its_key(sto
         raise stop()
     assert Widget.objects.count() == 0 and IdempotencyRecord.objects.count() == 0
     assert apply("evt-stop") == {"widget": Widget.objects.get().pk, "amount": 5}
+
+
+def test_a_release_the_store_fails_is_logged_and_the_blocks_error_raised(monkeypatch, caplog):
+    """A block that raises while the store cannot release its claim raises its own
+    error, logs the failed release at ERROR with the scope's principal and endpoint (as
+    a view's release does), and sends no ``released`` signal: the key stays claimed
+    (``InFlight``) until its lease runs out."""
+
+    def store_down(claim: store.Claim) -> bool:
+        raise DatabaseError("the database went away")
+
+    released: list[dict[str, Any]] = []
+
+    def on_released(sender: Any, **kwargs: Any) -> None:
+        released.append(kwargs)
+
+    signals.released.connect(on_released, dispatch_uid="test-release-fails")
+    monkeypatch.setattr(store, "release", store_down)
+    caplog.set_level("ERROR", logger="django_idempotency")
+    try:
+        with pytest.raises(RuntimeError, match="downstream refused"):
+            apply("evt-release", fail=True)
+    finally:
+        signals.released.disconnect(dispatch_uid="test-release-fails")
+    (line,) = [r for r in caplog.records if "could not release" in r.message]
+    assert line.levelname == "ERROR" and "the database went away" in line.getMessage()
+    assert (line.principal, line.endpoint) == (SCOPE["principal"], SCOPE["endpoint"])
+    assert released == []
+    assert IdempotencyRecord.objects.get().state == RecordState.CLAIMED
+    with pytest.raises(exceptions.InFlight):
+        apply("evt-release")
 
 
 def test_the_same_key_with_another_payload_is_key_reused():

@@ -823,8 +823,8 @@ MUTANTS: list[Mutant] = [
         "PH3",
         "protocol/phases.py",
         "    if not context.recovery_point:\n"
-        "        claims.release(context.claim, status)\n        return\n",
-        "    claims.release(context.claim, status)\n    return\n",
+        "        release_claim(context.claim, status)\n        return\n",
+        "    release_claim(context.claim, status)\n    return\n",
         tests=("tests/protocol/test_phases.py",),
         what="a failed phased request keeps its lease: the retry waits instead of resuming",
     ),
@@ -1414,8 +1414,8 @@ MUTANTS: list[Mutant] = [
     m(
         "CL19",
         "inbox/calls.py",
-        "        except BaseException:\n            _release(claim)\n",
-        "        except Exception:\n            _release(claim)\n",
+        "        except BaseException:\n            release_claim(claim, None)\n",
+        "        except Exception:\n            release_claim(claim, None)\n",
         tests=(
             "tests/inbox/test_calls.py::"
             "test_a_block_stopped_by_systemexit_or_keyboardinterrupt_releases_its_key",
@@ -2329,6 +2329,31 @@ def enter_schema(""",
             "test_an_audit_task_run_that_missed_a_database_leaves_the_gauges",
         ),
         what="an audit run that missed a database zeroes the keys-minted gauges",
+    ),
+    m(
+        "FS6",
+        "store/reports.py",
+        "                cursor.execute(\"SELECT set_config('statement_timeout', %s, true)\", "
+        "[previous])\n",
+        "                pass\n",
+        tests=(
+            "tests/store/test_reports.py::"
+            "test_a_bounded_read_leaves_the_callers_statement_timeout_as_it_was",
+        ),
+        backends=(PG,),
+        what="a bounded read leaves its statement_timeout in force in the caller's transaction",
+    ),
+    m(
+        "OP7",
+        "store/operators.py",
+        "_KEY_HASH_SQL = \"left(encode(sha256(convert_to(key, 'UTF8')), 'hex'), 12)\"\n",
+        "_KEY_HASH_SQL = \"left(encode(sha256(convert_to(key, 'UTF8')), 'hex'), 16)\"\n",
+        tests=(
+            "tests/store/test_operators.py::"
+            "test_with_key_hash_finds_exactly_the_records_whose_key_has_that_hash",
+        ),
+        backends=(PG,),
+        what="--key-hash on PostgreSQL compares another digest than the logs' key_hash",
     ),
     # the relay command closes the connections it opened when it returns
     m(

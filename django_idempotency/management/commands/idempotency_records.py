@@ -17,7 +17,6 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import connections
 from django.db.models import QuerySet
-from django.db.models.expressions import RawSQL
 
 from django_idempotency.logs import key_hash
 from django_idempotency.models import IdempotencyRecord, RecordState
@@ -148,26 +147,11 @@ class Command(BaseCommand):
             wanted = wanted.strip().lower()
             if not _HASH.fullmatch(wanted):
                 raise CommandError("--key-hash is the 12 hexadecimal digits of a log line.")
-            records = self._by_key_hash(records, using, wanted)
+            records = operators.with_key_hash(records, wanted)
         records = operators.with_condition(records)
         if options["condition"]:
             records = operators.only_condition(records, _CONDITIONS[options["condition"]])
         return records
-
-    @staticmethod
-    def _by_key_hash(records: QuerySet[Any], using: str, wanted: str) -> QuerySet[Any]:
-        """The records whose key's ``key_hash`` is ``wanted``.
-
-        In SQL on PostgreSQL; elsewhere by reading the keys of ``records``.
-        """
-        if connections[using].vendor == "postgresql":
-            digest = "left(encode(sha256(convert_to(key, 'UTF8')), 'hex'), 12)"
-            hashed: QuerySet[Any] = records.alias(_key_hash=RawSQL(digest, []))
-            return hashed.filter(_key_hash=wanted)
-        ids = [
-            pk for pk, key in records.values_list("pk", "key").iterator() if key_hash(key) == wanted
-        ]
-        return records.filter(pk__in=ids)
 
     def _print(self, record: IdempotencyRecord, now: dt.datetime, body: bool) -> None:
         connection = connections[record._state.db or "default"]
