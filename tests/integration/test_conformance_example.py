@@ -134,6 +134,13 @@ def test_the_example_project_passes_the_command_line_check(
     report = json.loads(report_file.read_text())
     verdicts = {c["name"]: c["verdict"] for c in report["checks"]}
     assert report["passed"] and report["exit_code"] == 0
+    if leasebroker.database == "sqlite":
+        # SQLite has one write lock (docs/storage.md#sqlite): a duplicate that looks
+        # while the original's claim is being written finds nothing and inserts, taking
+        # the lock; the original create, which reads before it writes, fails at once
+        # with "database is locked" (500) if it writes while that lock is held. The
+        # worker is still created once (concurrent-effects): a warning, never a fail.
+        assert verdicts.pop("concurrent-duplicates") in ("pass", "warn"), done.stdout
     assert set(verdicts.values()) == {"pass", "skip"}, done.stdout
     assert verdicts["concurrent-effects"] == verdicts["replay-effects"] == "pass"
     assert verdicts["principal-scoping"] == verdicts["key-reused"] == "pass"
