@@ -26,6 +26,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import django
 import environ
 
 BASE_DIR = Path(__file__).resolve().parent.parent  # example_project/
@@ -51,8 +52,16 @@ DATABASES = {
     "default": env.db("DATABASE_URL", default=f"sqlite:///{VAR_DIR / 'leasebroker.sqlite3'}")
 }
 if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
-    # Concurrent requests queue on SQLite's single write lock; wait for it, not fail.
+    # Concurrent requests queue on SQLite's single write lock; wait for it, not fail
+    # (docs/storage.md#sqlite).
     DATABASES["default"].setdefault("OPTIONS", {})["timeout"] = 20
+    if django.VERSION >= (5, 1):
+        # Each transaction takes the write lock at its BEGIN, so a view that reads
+        # before it writes waits for a concurrent claim instead of failing with
+        # "database is locked"; readers keep reading while a view writes (WAL).
+        DATABASES["default"]["OPTIONS"].update(
+            transaction_mode="IMMEDIATE", init_command="PRAGMA journal_mode=WAL;"
+        )
 
 CELERY_BROKER_URL = env("CELERY_BROKER_URL", default="filesystem://")
 if CELERY_BROKER_URL.startswith("filesystem://"):
