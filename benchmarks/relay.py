@@ -208,20 +208,20 @@ def run_floor(batch_size: int, messages: int, max_seconds: float) -> float:
 def run_statements(batch_size: int, messages: int, max_seconds: float) -> float:
     """The relay's own two statements per batch, with the least Python; messages/s.
 
-    The claim (``outbox.claim``'s statement: lock, count the attempt, lease) and the
-    mark (``outbox.marks``' fenced ``UPDATE``), one after the other on one connection,
+    The claim (``store.outbox.postgresql``'s statement: lock, count the attempt, lease)
+    and the mark (its fenced ``UPDATE``), one after the other on one connection,
     each committed, with no handler, no message objects and no lease keeper: what the
     relay's SQL costs apart from its Python, beside the floor.
     """
     from django.db import connection
 
     from django_idempotency.conf import conf
-    from django_idempotency.outbox import claim, marks
+    from django_idempotency.store.outbox import postgresql
 
     fill(messages)
     now = "(statement_timestamp() + %(offset)s * interval '1 second')"
-    claim_sql = claim._PG_CLAIM_SQL.format(now=now)
-    mark_sql = marks._PG_MARK_SQL.format(now=now)
+    claim_sql = postgresql._CLAIM_SQL.format(now=now)
+    mark_sql = postgresql._MARK_SQL.format(now=now)
     claim_params = {
         "offset": 0.0, "limit": batch_size, "lease": 30.0,
         "max": conf.outbox_max_attempts, "abandoned": " abandoned",

@@ -14,7 +14,7 @@ from django_idempotency import outbox
 from django_idempotency.admin.actions import left_alone
 from django_idempotency.admin.display import admin_page, when_text
 from django_idempotency.models import IdempotencyRecord, OutboxMessage, OutboxState
-from django_idempotency.outbox import claim
+from django_idempotency.store.outbox import outbox_store
 from django_idempotency.store.routing import outbox_database
 
 
@@ -133,7 +133,7 @@ class OutboxMessageAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
             .annotate(n=Count("pk"))
         )
         count = queryset.filter(state=OutboxState.DEAD).update(
-            state=OutboxState.PENDING, attempts=0, available_at=claim.now(using)
+            state=OutboxState.PENDING, attempts=0, available_at=outbox_store(using).now()
         )
         if count:
             outbox.kick(using)

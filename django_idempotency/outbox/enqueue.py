@@ -15,16 +15,16 @@ import logging
 import uuid
 from typing import Any
 
-from django.db import IntegrityError, connections, transaction
+from django.db import connections, transaction
 
 from django_idempotency.conf import conf
 from django_idempotency.exceptions import NotInTransaction
-from django_idempotency.models import OutboxMessage, OutboxState
+from django_idempotency.models import OutboxMessage
 from django_idempotency.outbox.kick import kick
 from django_idempotency.protocol import context
 from django_idempotency.store import clock
+from django_idempotency.store.outbox import outbox_store
 from django_idempotency.store.routing import outbox_database
-from django_idempotency.store.sql import pg_now
 
 logger = logging.getLogger("django_idempotency.outbox")
 
@@ -81,58 +81,11 @@ def enqueue(
         if not isinstance(value, str) or not 0 < len(value) <= _MAX:
             raise ValueError(f"{name} must be a string of 1 to {_MAX} characters, not {value!r}")
     record_id = current.claim.record_id if current else None
-    message = _insert(using, topic, payload, dedup_key, record_id, available_at)
+    fields = {"topic": topic, "payload": payload, "dedup_key": dedup_key, "record_id": record_id}
+    due = None if available_at is None else clock.aware(available_at)
+    message = outbox_store(using).insert(fields, due)
     _schedule_kick(using)
     return message
-
-
-_PG_INSERT_SQL = """
-INSERT INTO django_idempotency_outbox (
-    topic, payload, dedup_key, state, attempts, available_at, last_error, created_at,
-    record_id
-)
-VALUES (%s, %s, %s, %s, 0, COALESCE(%s, {now}), '', {now}, %s)
-ON CONFLICT (topic, dedup_key) DO NOTHING
-RETURNING id, available_at, created_at
-"""
-
-
-def _insert(
-    using: str,
-    topic: str,
-    payload: Any,
-    dedup_key: str,
-    record_id: int | None,
-    available_at: dt.datetime | None,
-) -> OutboxMessage:
-    """One INSERT on PostgreSQL (``ON CONFLICT DO NOTHING``); a savepoint elsewhere."""
-    connection = connections[using]
-    fields = {"topic": topic, "payload": payload, "dedup_key": dedup_key, "record_id": record_id}
-    if available_at is not None:
-        available_at = clock.aware(available_at)
-    if connection.vendor == "postgresql":
-        now_sql, now_params = pg_now()
-        json_value = OutboxMessage._meta.get_field("payload").get_db_prep_save(payload, connection)
-        params = [topic, json_value, dedup_key, OutboxState.PENDING, available_at]
-        params += [*now_params, *now_params, record_id]
-        with connection.cursor() as cursor:
-            cursor.execute(_PG_INSERT_SQL.format(now=now_sql), params)
-            row = cursor.fetchone()
-        if row is None:
-            return OutboxMessage.objects.using(using).get(topic=topic, dedup_key=dedup_key)
-        message = OutboxMessage(id=row[0], available_at=row[1], created_at=row[2], **fields)
-        message._state.adding = False
-        message._state.db = using
-        return message
-    now = clock.to_db(clock.app_now(), connection)
-    due = now if available_at is None else clock.to_db(available_at, connection)
-    try:
-        with transaction.atomic(using=using):
-            return OutboxMessage.objects.using(using).create(
-                available_at=due, created_at=now, **fields
-            )
-    except IntegrityError:
-        return OutboxMessage.objects.using(using).get(topic=topic, dedup_key=dedup_key)
 
 
 class _Kick:

@@ -19,8 +19,8 @@ from django.db import connections
 from django_idempotency import signals
 from django_idempotency.conf import conf
 from django_idempotency.models import OutboxMessage, OutboxState
-from django_idempotency.outbox.claim import now
 from django_idempotency.store import clock
+from django_idempotency.store.outbox import outbox_store
 
 logger = logging.getLogger("django_idempotency.outbox")
 
@@ -109,7 +109,7 @@ def fail(using: str, message: OutboxMessage, exc: Exception) -> str:
     error = "".join(traceback.format_exception(exc))[-_LAST_ERROR_CHARS:]
     if message.attempts >= conf.outbox_max_attempts:
         updated = _fenced(using, message).update(
-            state=OutboxState.DEAD, last_error=error, available_at=now(using)
+            state=OutboxState.DEAD, last_error=error, available_at=outbox_store(using).now()
         )
         if updated:
             logger.error(
@@ -125,7 +125,8 @@ def fail(using: str, message: OutboxMessage, exc: Exception) -> str:
             return "dead"
         return ""
     delay = backoff(message.attempts, base=conf.outbox_backoff_base, cap=conf.outbox_backoff_cap)
-    if _fenced(using, message).update(last_error=error, available_at=now(using, delay)):
+    retry_at = outbox_store(using).now(delay)
+    if _fenced(using, message).update(last_error=error, available_at=retry_at):
         logger.warning(
             "outbox message %s (%s) failed (attempt %s), retry in %.1f s: %s",
             message.pk,

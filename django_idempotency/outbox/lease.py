@@ -26,35 +26,20 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import datetime as dt
 import logging
 import math
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
 
 from django.db import connections
 
-from django_idempotency.models import OutboxMessage, OutboxState
 from django_idempotency.outbox.claim import Claimed, hand_back
 from django_idempotency.outbox.failures import fail
-from django_idempotency.store import clock
+from django_idempotency.store.outbox import outbox_store
 from django_idempotency.store.tenants import enter_schema
 
 logger = logging.getLogger("django_idempotency.outbox")
-
-_PG_RENEW_SQL = """
-UPDATE django_idempotency_outbox AS m
-SET available_at = {now} + %(lease)s * interval '1 second'
-FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(until)s::timestamptz[])
-     AS c(id, attempts, until)
-WHERE m.id = c.id AND m.attempts = c.attempts AND m.available_at >= c.until
-  AND m.state = 'pending'
-  AND m.id = ANY(%(ids)s::bigint[])  -- by primary key, whatever the table's size
-RETURNING m.id, m.available_at AT TIME ZONE 'UTC'
-"""
-_NOW = "(statement_timestamp() + %(offset)s * interval '1 second')"
 
 
 class Holding:
@@ -197,7 +182,7 @@ class Holding:
         with self.lock:
             items = list(self._held.values())
             lease = self._lease
-        renewed = renew(self.using, items, lease)
+        renewed = outbox_store(self.using).renew(items, lease)
         with self.lock:
             # Not renewed and still held: another relay's claim has it (this relay's
             # lease had run out). Released meanwhile: marked, failed or handed back.
@@ -275,52 +260,3 @@ class Keeper:
                     failures = 0
         finally:
             connections.close_all()
-
-
-def renew(using: str, held: list[Claimed], lease: float) -> dict[int, dt.datetime]:
-    """Move the lease end of ``held`` to ``lease`` seconds from now, fenced by their claim.
-
-    Args:
-        using: database alias.
-        held: claimed messages, each with the attempt count and lease end its claim
-            gave it (``message.available_at``: the claim's, kept as the fence).
-        lease: seconds.
-
-    Returns:
-        The new lease end of each message whose claim still held, by id.
-
-    Raises:
-        django.db.DatabaseError: the database failed; nothing was renewed.
-    """
-    if not held:
-        return {}
-    connection = connections[using]
-    if connection.vendor == "postgresql":
-        params: dict[str, Any] = {
-            "offset": clock.offset(),
-            "lease": lease,
-            "ids": [item.message.pk for item in held],
-            "attempts": [item.message.attempts for item in held],
-            "until": [item.message.available_at.astimezone(dt.UTC).isoformat() for item in held],
-        }
-        with connection.cursor() as cursor:
-            cursor.execute(_PG_RENEW_SQL.format(now=_NOW), params)
-            return {row[0]: clock.utc_from_naive(row[1]) for row in cursor.fetchall()}
-    manager = OutboxMessage.objects.using(using)
-    new_end = clock.app_now() + dt.timedelta(seconds=lease)
-    claims: dict[tuple[dt.datetime, int], list[int]] = {}
-    for item in held:
-        claims.setdefault((item.message.available_at, item.message.attempts), []).append(
-            item.message.pk
-        )
-    renewed: dict[int, dt.datetime] = {}
-    for (end, attempts), ids in claims.items():
-        manager.filter(
-            pk__in=ids,
-            state=OutboxState.PENDING,
-            attempts=attempts,
-            available_at__gte=clock.to_db(end, connection),
-        ).update(available_at=clock.to_db(new_end, connection))
-        mine = manager.filter(pk__in=ids, available_at=clock.to_db(new_end, connection))
-        renewed.update(dict.fromkeys(mine.values_list("pk", flat=True), new_end))
-    return renewed

@@ -18,98 +18,15 @@ a later claim took over (its claim counted an attempt) are left alone, and logge
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
-from django.db import connections
-
-from django_idempotency.models import OutboxMessage, OutboxState
 from django_idempotency.outbox.lease import Holding
-from django_idempotency.store import clock
+from django_idempotency.store.outbox import Delivered, outbox_store
 
 logger = logging.getLogger("django_idempotency.outbox")
-
-_PG_MARK_SQL = """
-UPDATE django_idempotency_outbox AS m
-SET state = 'sent', sent_at = {now}
-FROM unnest(%(ids)s::bigint[], %(attempts)s::integer[], %(until)s::timestamptz[])
-     AS c(id, attempts, until)
-WHERE m.id = c.id AND m.attempts = c.attempts AND m.available_at >= c.until
-  AND m.state = 'pending'
-  AND m.id = ANY(%(ids)s::bigint[])  -- by primary key, whatever the table's size
-RETURNING m.id
-"""
-_NOW = "(statement_timestamp() + %(offset)s * interval '1 second')"
-
-
-class Delivered(Protocol):
-    """A delivered message, as its claim returned it: all a mark needs of it."""
-
-    message: OutboxMessage
-
-
-def write_sent(using: str, sent: Sequence[Delivered]) -> set[int]:
-    """Mark ``sent`` messages ``sent`` in one UPDATE, fenced by their claims.
-
-    Args:
-        using: database alias.
-        sent: claimed messages whose handler returned, of one or more claims.
-
-    Returns:
-        The ids whose claim still held, now ``sent``. The others were taken over by a
-        relay that claimed them after their claim's lease ran out.
-
-    Raises:
-        django.db.DatabaseError: the database failed; nothing was marked.
-    """
-    if not sent:
-        return set()
-    connection = connections[using]
-    if connection.vendor == "postgresql":
-        # ISO strings with their offset: the exact instant whatever the session's
-        # time zone (USE_TZ = False sets it to TIME_ZONE). One per claim.
-        iso: dict[dt.datetime, str] = {}
-        until = []
-        for item in sent:
-            end = item.message.available_at
-            text = iso.get(end)
-            if text is None:
-                text = iso[end] = end.astimezone(dt.UTC).isoformat()
-            until.append(text)
-        params: dict[str, Any] = {
-            "offset": clock.offset(),
-            "ids": [item.message.pk for item in sent],
-            "attempts": [item.message.attempts for item in sent],
-            "until": until,
-        }
-        with connection.cursor() as cursor:
-            cursor.execute(_PG_MARK_SQL.format(now=_NOW), params)
-            return {row[0] for row in cursor.fetchall()}
-    manager = OutboxMessage.objects.using(using)
-    sent_at = clock.to_db(clock.app_now(), connection)
-    claims: dict[tuple[dt.datetime, int], list[int]] = {}
-    for item in sent:
-        claim = (item.message.available_at, item.message.attempts)
-        claims.setdefault(claim, []).append(item.message.pk)
-    mine: set[int] = set()
-    for (end, attempts), ids in claims.items():
-        fence = {
-            "state": OutboxState.PENDING,
-            "attempts": attempts,
-            "available_at__gte": clock.to_db(end, connection),
-        }
-        updated = manager.filter(pk__in=ids, **fence).update(
-            state=OutboxState.SENT, sent_at=sent_at
-        )
-        if updated == len(ids):
-            mine.update(ids)
-        else:
-            fence["state"] = OutboxState.SENT
-            mine.update(manager.filter(pk__in=ids, **fence).values_list("pk", flat=True))
-    return mine
 
 
 class Marks:
@@ -168,7 +85,7 @@ class Marks:
         taken = self._pending
         if not taken:
             return
-        mine = write_sent(self.using, taken)
+        mine = outbox_store(self.using).write_sent(taken)
         self._pending = []
         self.holding.release(item.message.pk for item in taken)
         if len(mine) != len(taken):

@@ -36,6 +36,7 @@ from django_idempotency.outbox.claim import Claimed, claim_due
 from django_idempotency.outbox.deliver import Pool, call, discard_broken_connections
 from django_idempotency.outbox.lease import Holding, Keeper
 from django_idempotency.outbox.marks import Marks
+from django_idempotency.store.outbox import outbox_store
 from django_idempotency.store.routing import outbox_database
 from django_idempotency.store.tenants import current_schema, use_schema
 
@@ -239,10 +240,10 @@ class Relay:
         if not claimed:
             return buried
         # Inside a transaction no other connection sees the claim: no keeper, no pool.
-        # SQLite has one writer: no keeper either. Then each mark is written when its
-        # handler returns, and the lease tended between handlers.
+        # A database with one writer at a time (SQLite): no keeper either. Then each
+        # mark is written when its handler returns, and the lease tended between handlers.
         inside = connections[using].in_atomic_block
-        alone = inside or connections[using].vendor != "postgresql"
+        alone = inside or not outbox_store(using).concurrent_writers
         self._marks.max_age = 0.0 if alone else conf.outbox_mark_delay
         self._holding.begin(claimed, started, lease)
         if not alone and self._keeper is None:

@@ -18,6 +18,7 @@ bodies are stored), ``isolation`` (which transaction a statement runs in), ``rou
 (which database holds a record), ``clock`` (the one clock of leases and retention),
 ``presence`` (owner presence on PostgreSQL), ``heartbeat`` (the automatic heartbeat),
 ``reports`` (the outbox's gauges, and reads bounded in time for the audit),
+``outbox`` (the outbox's statements: one contract, one implementation per store kind),
 ``sql`` and ``schema`` (the PostgreSQL statements, and what the migrations install).
 Leases and expiry follow one clock: see ``django_idempotency.store.clock``. The names
 above are loaded on first use, so that importing ``store.clock`` (the test kit does,

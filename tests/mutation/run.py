@@ -48,6 +48,7 @@ PG, SQLITE = "pg", "sqlite"
 BOTH = (PG, SQLITE)
 
 GUARDS = "tests/protocol/test_guards.py"
+OUTBOX_STORE = "tests/store/test_outbox_store.py"
 _STOPS = "tests/outbox/test_relay_stops.py"
 _OUTAGES = "tests/outbox/test_relay_outages.py"
 _TENANTS = "tests/integration/test_tenants.py::test_tenant_scenario"
@@ -831,20 +832,34 @@ MUTANTS: list[Mutant] = [
     # relay.py
     m(
         "R1",
-        "outbox/marks.py",
-        "WHERE m.id = c.id AND m.attempts = c.attempts AND m.available_at >= c.until\n",
-        "WHERE m.id = c.id\n",
-        tests=(f"{GUARDS}::test_a_relay_whose_lease_ran_out_cannot_mark_the_message_sent",),
+        "store/outbox/postgresql.py",
+        "     AS c(id, attempts, until)\n"
+        "WHERE m.id = c.id AND m.attempts = c.attempts AND m.available_at >= c.until\n"
+        "  AND m.state = 'pending'\n"
+        "  AND m.id = ANY(%(ids)s::bigint[])  -- by primary key, whatever the table's size\n"
+        "RETURNING m.id\n",
+        "     AS c(id, attempts, until)\n"
+        "WHERE m.id = c.id\n"
+        "  AND m.state = 'pending'\n"
+        "  AND m.id = ANY(%(ids)s::bigint[])  -- by primary key, whatever the table's size\n"
+        "RETURNING m.id\n",
+        tests=(
+            f"{GUARDS}::test_a_relay_whose_lease_ran_out_cannot_mark_the_message_sent",
+            f"{OUTBOX_STORE}::test_a_mark_is_written_while_the_claim_holds_and_refused_after_a_takeover",
+        ),
         backends=(PG,),
         what="mark sent without the claim's fence",
     ),
     m(
         "R1s",
-        "outbox/marks.py",
-        '            "attempts": attempts,\n'
-        '            "available_at__gte": clock.to_db(end, connection),\n',
+        "store/outbox/portable.py",
+        '                "attempts": attempts,\n'
+        '                "available_at__gte": clock.to_db(end, connection),\n',
         "",
-        tests=(f"{GUARDS}::test_a_relay_whose_lease_ran_out_cannot_mark_the_message_sent",),
+        tests=(
+            f"{GUARDS}::test_a_relay_whose_lease_ran_out_cannot_mark_the_message_sent",
+            f"{OUTBOX_STORE}::test_a_mark_is_written_while_the_claim_holds_and_refused_after_a_takeover",
+        ),
         backends=(SQLITE,),
         what="mark sent (SQLite) without the claim's fence",
     ),
@@ -860,7 +875,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "R3",
-        "outbox/claim.py",
+        "store/outbox/postgresql.py",
         "    FOR UPDATE SKIP LOCKED\n",
         "",
         tests=("tests/outbox/test_relay_concurrency.py",),
@@ -869,7 +884,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "R4",
-        "outbox/claim.py",
+        "store/outbox/portable.py",
         "                pk=pk, state=OutboxState.PENDING, attempts=attempts, "
         "available_at__lte=due\n",
         "                pk=pk\n",
@@ -879,10 +894,9 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "R5",
-        "outbox/claim.py",
-        "            available_at__lte=now(using),\n"
-        "            attempts__gte=conf.outbox_max_attempts,\n",
-        "            attempts__gte=conf.outbox_max_attempts,\n",
+        "store/outbox/portable.py",
+        "            available_at__lte=self.now(),\n            attempts__gte=max_attempts,\n",
+        "            attempts__gte=max_attempts,\n",
         tests=(
             f"{GUARDS}::test_a_message_on_its_last_attempt_is_not_buried_while_it_is_delivered",
         ),
@@ -891,7 +905,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "R6",
-        "outbox/claim.py",
+        "store/outbox/postgresql.py",
         "        state = CASE WHEN m.attempts >= %(max)s THEN 'dead' ELSE m.state END,\n",
         "        state = CASE WHEN m.attempts + 1 >= %(max)s THEN 'dead' ELSE m.state END,\n",
         tests=(
