@@ -20,6 +20,7 @@ class IdempotencyConfig(AppConfig):
         from django_idempotency.checks import (
             actions,
             databases,
+            functions,
             settings,
             stacking,
             tenants,
@@ -27,5 +28,5 @@ class IdempotencyConfig(AppConfig):
             views,
         )
 
-        del actions, databases, settings, stacking, tenants, urls, views  # they register on import
+        del actions, databases, functions, settings, stacking, tenants, urls, views  # register
         logs.connect()

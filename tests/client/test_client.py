@@ -17,10 +17,12 @@ import datetime as dt
 import email.utils
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 import threading
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +47,7 @@ from django_idempotency.client import (
     verdict,
 )
 from tests.support.example_project import EXAMPLE, run_in_example, sqlite_url
+from tests.support.faults import wait_for
 from tests.support.gunicorn import Gunicorn
 from tests.support.scripted_transport import NO_JITTER, Script, make_client
 
@@ -605,12 +608,14 @@ def test_http_422_raises_with_the_servers_problem(server: ExampleServer, real_wa
 def test_http_a_concurrent_duplicate_gets_409_then_the_replay(
     server: ExampleServer, real_waits: None
 ) -> None:
+    """A duplicate sent while the original reboot runs (its claim committed) gets 409;
+    the client waits Retry-After and gets the replay."""
     with server.client() as client:
         worker_id = client.post("/v1/workers", json=worker_body("race")).json()["id"]
+    key = f"reboot-{worker_id}"
     events: list[AttemptEvent] = []
     lock = threading.Lock()
     responses: list[httpx.Response] = []
-    barrier = threading.Barrier(2)
 
     def reboot() -> None:
         def record(event: AttemptEvent) -> None:
@@ -618,14 +623,21 @@ def test_http_a_concurrent_duplicate_gets_409_then_the_replay(
                 events.append(event)
 
         with server.client(on_attempt=record) as client:
-            barrier.wait(timeout=10)
-            answer = client.post(f"/v1/workers/{worker_id}/reboot", key=f"reboot-{worker_id}")
+            answer = client.post(f"/v1/workers/{worker_id}/reboot", key=key)
         with lock:
             responses.append(answer)
 
+    def claimed() -> bool:
+        with closing(sqlite3.connect(f"file:{server.database}?mode=ro", uri=True)) as db:
+            row = db.execute(
+                "SELECT state FROM django_idempotency_record WHERE key = ?", [key]
+            ).fetchone()
+        return row == ("claimed",)
+
     threads = [threading.Thread(target=reboot) for _ in range(2)]
-    for thread in threads:
-        thread.start()
+    threads[0].start()
+    wait_for(claimed)  # the original runs its slow reboot, its claim committed
+    threads[1].start()
     for thread in threads:
         thread.join(timeout=60)
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
-import httpx
 import django
+import httpx
 import pytest
 from django.conf import settings
 
