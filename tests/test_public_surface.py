@@ -219,7 +219,6 @@ SQL_FUNCTIONS = frozenset(
     {
         "django_idempotency_claim",
         "django_idempotency_complete",
-        "django_idempotency_ensure_partition",
         "django_idempotency_record_scope_unique",
     }
 )
