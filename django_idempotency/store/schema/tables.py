@@ -47,6 +47,15 @@ _PLAIN_COPY = f"{TABLE}_unpartitioned"
 _PARTITIONED_COPY = f"{TABLE}_partitioned"
 
 
+def days_needed() -> int:
+    """Days after today a claim made now may end its window in (PostgreSQL).
+
+    The longest window (``MAX_RETENTION``, ``RETENTION``, the lease), in whole days.
+    """
+    window = max(conf.max_retention, conf.retention, conf.lease, 0.0)
+    return math.ceil(window / 86400.0)
+
+
 def days_ahead() -> int:
     """Days of partitions kept created after today (PostgreSQL).
 
@@ -55,8 +64,7 @@ def days_ahead() -> int:
     its own day's partition, not the default partition, even when the sweeper has not
     run for ``PARTITIONS_AHEAD`` days.
     """
-    window = max(conf.max_retention, conf.retention, conf.lease, 0.0)
-    return math.ceil(window / 86400.0) + max(conf.partitions_ahead, 0)
+    return days_needed() + max(conf.partitions_ahead, 0)
 
 
 def install(connection: BaseDatabaseWrapper) -> None:
