@@ -587,6 +587,7 @@ def test_the_sweeper_deletes_the_default_partitions_records_past_their_window():
         done(gone)
     with testing.travel(2400 * DAY):  # a day no partition holds either
         kept = claim(scope())
+        done(kept)  # completed, inside its window
     assert {partition_of(gone.record_id), partition_of(kept.record_id)} == {DEFAULT_PARTITION}
     assert retention.sweep(dry_run=True).deleted_records == 1
     report = retention.sweep()

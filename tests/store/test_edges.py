@@ -433,8 +433,14 @@ def test_the_sweeper_creates_every_partition_a_claim_needs(record_table):
         for n in range(tables.days_ahead() + 1)
     }
     assert needed <= before
-    claim(scope(), retention_s=7 * DAY)  # MAX_RETENTION's window: created already
+    won = claim(scope(), retention_s=7 * DAY)  # MAX_RETENTION's window: created already
     assert {p.name for p in partitions.list_partitions(connection)} == before
+    with connection.cursor() as cursor:  # its own day, not the default partition
+        cursor.execute(
+            "SELECT tableoid::regclass::text FROM django_idempotency_record WHERE id = %s",
+            [won.record_id],
+        )
+        assert cursor.fetchone()[0] == partitions.partition_name(won.sweep_after.date())
 
 
 def test_record_migrations_pass_router_hints():
