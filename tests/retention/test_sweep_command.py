@@ -278,3 +278,26 @@ def _live(pids: list[int]) -> list[int]:
             "SELECT pid FROM pg_stat_activity WHERE pid = ANY(%s)", [pids]
         ).fetchall()
     return sorted(row[0] for row in rows)
+
+
+@pytest.mark.postgres
+def test_the_command_says_how_many_records_it_moved_out_of_the_default_partition():
+    """A day ahead the sweeper had not created: its claims wait in the default partition,
+    and the run that creates the day says it moved them there."""
+    from django_idempotency.retention import partitions
+
+    if not retention_sweeper.is_partitioned(connection):
+        pytest.skip("partitioned table only")
+    run()  # every day ahead exists
+    sc = store.Scope("auth.user:1", "POST /widgets", str(uuid.uuid4()))
+    won = store.claim(sc, "a" * 64, lease=30, retention=DAY)
+    assert isinstance(won, store.Claim) and won.sweep_after is not None
+    (day,) = [p for p in partitions.list_partitions(connection) if p.day == won.sweep_after.date()]
+    with connection.cursor() as cursor:  # the day as if never created: its record waits
+        cursor.execute(f"ALTER TABLE django_idempotency_record DETACH PARTITION {day.name}")
+        cursor.execute(f"INSERT INTO django_idempotency_record SELECT * FROM {day.name}")
+        cursor.execute(f"DROP TABLE {day.name}")
+    output = run()
+    assert f"Created partition for {day.day:%Y-%m-%d}." in output
+    assert "Moved 1 record from the default partition into their days." in output
+    assert IdempotencyRecord.objects.filter(pk=won.record_id).exists()
