@@ -194,3 +194,26 @@ def test_a_day_that_cannot_get_its_lock_leaves_the_callers_transaction_usable():
         holder.rollback()
         holder.close()
     assert partitions.partition_name(day) not in partition_tables()
+
+
+def test_a_table_of_the_days_name_left_unattached_is_attached_with_the_days_records():
+    """A table named like a day partition but not attached (an operator detached it):
+    creating the day attaches it, with the records the default partition holds of that
+    day moved into it beside its own."""
+    far = 3400 * DAY
+    day = window_day(far)
+    name = partitions.partition_name(day)
+    try:
+        assert partitions.ensure(connection, day) == 0
+        with testing.travel(far):
+            kept = claim(scope())
+        with connection.cursor() as cursor:
+            cursor.execute(f"ALTER TABLE django_idempotency_record DETACH PARTITION {name}")
+        with testing.travel(far):
+            waiting = claim(scope())
+        assert partition_of(waiting.record_id) == DEFAULT_PARTITION
+        assert partitions.ensure(connection, day) == 1
+        assert partition_of(kept.record_id) == name
+        assert partition_of(waiting.record_id) == name
+    finally:
+        drop_day(day)
