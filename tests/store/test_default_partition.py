@@ -217,3 +217,25 @@ def test_a_table_of_the_days_name_left_unattached_is_attached_with_the_days_reco
         assert partition_of(waiting.record_id) == name
     finally:
         drop_day(day)
+
+
+def test_a_claim_in_flight_while_its_day_is_created_completes_and_replays():
+    """A record claimed into the default partition, its day created (the record moved)
+    before the view completes: the fenced completion finds it in its day, and a retry
+    replays it."""
+    far = 3500 * DAY
+    day = window_day(far)
+    sc = scope()
+    try:
+        with testing.travel(far):
+            won = claim(sc)
+            assert isinstance(won, store.Claim)
+            assert partition_of(won.record_id) == DEFAULT_PARTITION
+            assert partitions.ensure(connection, day) == 1
+            with transaction.atomic():
+                store.complete(won, store.StoredResponse(201, [], b'{"id": 5}'))
+            again = claim(sc)
+        assert isinstance(again, store.Existing) and again.response.body == b'{"id": 5}'
+        assert partition_of(won.record_id) == partitions.partition_name(day)
+    finally:
+        drop_day(day)
