@@ -179,8 +179,9 @@ class PartitionCollector(Collector):
 
     ``partition_days_ahead`` (days after today with a partition of their own) and
     ``default_partition_rows`` (records waiting in the default partition, counted up
-    to 1,000), by ``metrics.partition_stats`` (docs/retention.md). Nothing is yielded
-    when the record table is not partitioned, or when the database failed (logged).
+    to 1,000), by ``metrics.partition_stats`` (docs/retention.md). When the record
+    table is not partitioned the gauges are described without a value (no series);
+    when the database failed, nothing is yielded (logged).
 
     Args:
         using: database alias (default: the router's choice for records).
@@ -224,7 +225,7 @@ class PartitionCollector(Collector):
         return iter(self._families(None))
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        """Read the partitions and yield the gauges (none if not partitioned or failed)."""
+        """Read the partitions and yield the gauges (no series if not partitioned)."""
         try:
             stats = metrics.partition_stats(self.using)
         except DatabaseError:
@@ -235,7 +236,7 @@ class PartitionCollector(Collector):
                 connection = connections[self.using or record_database()]
                 if not connection.in_atomic_block:
                     connection.close()
-        return iter(self._families(stats) if stats is not None else ())
+        return iter(self._families(stats))
 
 
 _installed: dict[int, tuple[PrometheusSink, list[Collector]]] = {}
