@@ -9,6 +9,7 @@ indexes.
 
 from __future__ import annotations
 
+import datetime as dt
 import sys
 import threading
 import time
@@ -84,13 +85,23 @@ def fill(
             "SELECT relkind = 'p' FROM pg_class WHERE oid = %s::regclass", [TABLE]
         ).fetchone()[0]
         if partitioned:
-            conn.execute(
-                "SELECT django_idempotency_ensure_partition(d::date) FROM generate_series("
+            # Before the fill, nothing runs beside it: CREATE ... PARTITION OF is enough.
+            days = conn.execute(
+                "SELECT d::date FROM generate_series("
                 "(%(now)s::timestamptz AT TIME ZONE 'UTC')::date, "
                 "((%(now)s::timestamptz + %(window)s * interval '1 second') AT TIME ZONE 'UTC')"
                 "::date, interval '1 day') d",
                 {"now": now, "window": window},
-            )
+            ).fetchall()
+            for (day,) in days:
+                conn.execute(
+                    f"CREATE TABLE IF NOT EXISTS {TABLE}_p{day:%Y%m%d} PARTITION OF {TABLE} "
+                    "FOR VALUES FROM (%s) TO (%s) WITH (fillfactor = 75)",
+                    [
+                        day.isoformat() + " 00:00+00",
+                        (day + dt.timedelta(days=1)).isoformat() + " 00:00+00",
+                    ],
+                )
     chunks = [(first, min(first + chunk - 1, total)) for first in range(1, total + 1, chunk)]
     lock = threading.Lock()
     failures: list[BaseException] = []

@@ -84,10 +84,10 @@ def run(args: argparse.Namespace) -> None:
     cursor.execute("SELECT pg_backend_pid()")
     backend = cursor.fetchone()[0]
     today = dt.date.today()
+    from django_idempotency.retention import partitions as day_partitions
+
     for days in range(1, args.partitions + 1):
-        cursor.execute(
-            "SELECT django_idempotency_ensure_partition(%s)", [today - dt.timedelta(days=days)]
-        )
+        day_partitions.ensure(connection, today - dt.timedelta(days=days))
     cursor.execute(
         "SELECT count(*) FROM pg_inherits WHERE inhparent = 'django_idempotency_record'::regclass"
     )

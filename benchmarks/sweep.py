@@ -8,7 +8,7 @@ Not a test: a measurement (docs/retention.md shows the results). PostgreSQL only
 
 For each N it loads N expired records into one old day with one ``generate_series``
 INSERT, then times ``retention.sweep()``: first on the partitioned table (the day's
-partition is detached and dropped), then on the plain table of a project that opted
+partition is dropped), then on the plain table of a project that opted
 out of partitioning (``PARTITION_RECORDS = False``; batched DELETE of ``--batch-size``
 rows). The sweep also finds a day of live rows (``--live`` of them) that it must keep.
 With ``--claims K`` it also times K sequential claims (new keys, then replays) on both

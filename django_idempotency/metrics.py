@@ -1,4 +1,4 @@
-"""Metrics hooks (docs/observability.md): counters fed by the signals, outbox gauges.
+"""Metrics hooks (docs/observability.md): counters fed by the signals, gauges read at scrape.
 
 A *sink* receives every metric event; :func:`connect` wires one to the signals of
 ``django_idempotency.signals`` (requests and the outbox's relay).
@@ -6,8 +6,8 @@ The app ships :class:`InMemoryMetrics` (tests, debugging) and a Prometheus sink
 (``django_idempotency.contrib.prometheus``); an OpenTelemetry sink is ten lines
 (docs/observability.md). Labels are bounded: the endpoint (``"POST /v1/workers"``,
 a route pattern), the response status and the outbox topic; never the key or the
-principal. Gauges are not pushed: :func:`outbox_stats` reads them from the database
-when a scrape asks.
+principal. Gauges are not pushed: :func:`outbox_stats` and :func:`partition_stats`
+read them from the database when a scrape asks.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from django.dispatch import Signal
 from django_idempotency import signals
 from django_idempotency.store import reports
 from django_idempotency.store.reports import OutboxStats as OutboxStats  # public here
-from django_idempotency.store.routing import outbox_database
+from django_idempotency.store.reports import PartitionStats as PartitionStats  # public here
+from django_idempotency.store.routing import outbox_database, record_database
 
 logger = logging.getLogger("django_idempotency.metrics")
 
@@ -333,3 +334,26 @@ def outbox_stats(using: str | None = None) -> OutboxStats:
             Prometheus collector skips the gauges for that scrape).
     """
     return reports.outbox_stats(using or outbox_database())
+
+
+def partition_stats(using: str | None = None) -> PartitionStats | None:
+    """The day partitions ahead and the records waiting in the default partition.
+
+    PostgreSQL's day-partitioned record table (docs/retention.md): ``days_ahead`` is
+    the number of consecutive days after today that have a partition of their own
+    (the sweeper keeps ``MAX_RETENTION`` plus ``PARTITIONS_AHEAD`` days; fewer means
+    it has not run for that long), ``default_rows`` the records claimed while their day
+    had no partition (counted up to 1,000). Catalog queries and one bounded count:
+    meant for a scrape every 15-60 s.
+
+    Args:
+        using: database alias (default: the router's choice for records).
+
+    Returns:
+        The :class:`PartitionStats`, or ``None`` when the record table is not
+        partitioned (other databases, ``PARTITION_RECORDS = False``).
+
+    Raises:
+        django.db.DatabaseError: the database failed.
+    """
+    return reports.partition_stats(using or record_database())

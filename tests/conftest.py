@@ -90,6 +90,8 @@ def record_table(request: pytest.FixtureRequest, transactional_db: Any) -> Itera
     PostgreSQL (the claim function); ``sqlite``: SQLite's plain table.
     """
     kind: str = request.param
+    if kind == "partitioned":
+        _days_ahead_as_the_sweeper_keeps_them()
     if kind != "plain":
         yield kind
         return
@@ -111,6 +113,20 @@ def record_table(request: pytest.FixtureRequest, transactional_db: Any) -> Itera
             tables.to_partitioned(
                 connection, keep_since=dt.datetime(1970, 1, 1, tzinfo=dt.UTC), days=days
             )
+
+
+def _days_ahead_as_the_sweeper_keeps_them() -> None:
+    """Today's partition and the days ahead, which a test's sweep in the future drops:
+    without them the next test's claims would land in the default partition."""
+    from django_idempotency.retention import partitions
+    from django_idempotency.store import clock
+    from django_idempotency.store.schema.tables import days_ahead
+
+    today = clock.store_now(connection).date()
+    attached = {p.day for p in partitions.list_partitions(connection) if p.attached}
+    for n in range(days_ahead() + 1):
+        if today + dt.timedelta(days=n) not in attached:
+            partitions.ensure(connection, today + dt.timedelta(days=n))
 
 
 def _close_broken_connections() -> None:

@@ -171,7 +171,7 @@ SETTINGS = frozenset(
 #: System check ids (docs/checks.md): projects silence them by id.
 CHECK_IDS = frozenset(
     [f"django_idempotency.E{n:03}" for n in range(1, 14)]
-    + [f"django_idempotency.W{n:03}" for n in range(1, 12)]
+    + [f"django_idempotency.W{n:03}" for n in range(1, 15)]
 )
 
 #: Problem type slugs (docs/problems.md): clients branch on them.
@@ -219,7 +219,6 @@ SQL_FUNCTIONS = frozenset(
     {
         "django_idempotency_claim",
         "django_idempotency_complete",
-        "django_idempotency_ensure_partition",
         "django_idempotency_record_scope_unique",
     }
 )

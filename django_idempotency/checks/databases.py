@@ -1,9 +1,11 @@
-"""System checks on where records live (E009, W007, W008; docs/checks.md).
+"""System checks on where records live (E009, W007, W008, W012, W013; docs/checks.md).
 
 What can be seen before the first request: a database choice that names no configured
 database, a router that keeps records apart from the project's other models (views
-writing those models would have their writes refused), and records kept where the
-sweeper and the relay do not look.
+writing those models would have their writes refused), records kept where the
+sweeper and the relay do not look, and, on PostgreSQL's day-partitioned record table,
+days ahead running short or records waiting in the default partition (the sweeper has
+not run for days).
 """
 
 from __future__ import annotations
@@ -14,11 +16,13 @@ from typing import Any
 from django.apps import AppConfig, apps
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connections, router
+from django.db import DatabaseError, connections, router
 
 from django_idempotency.checks.urls import protected_endpoints
 from django_idempotency.conf import conf
+from django_idempotency.store.reports import DEFAULT_ROWS_BOUND, partition_stats
 from django_idempotency.store.routing import all_databases, record_database
+from django_idempotency.store.schema.tables import days_needed
 
 _DOCS = "docs/deployment.md, 'Several databases'"
 
@@ -135,4 +139,67 @@ def check_record_placement(
                 id="django_idempotency.W007",
             )
         )
+    return messages
+
+
+_RETENTION_DOCS = "docs/retention.md, 'Days ahead and the default partition'"
+
+
+@register(Tags.database)
+def check_record_partitions(
+    app_configs: Sequence[AppConfig] | None = None,
+    databases: Sequence[str] | None = None,
+    **kwargs: Any,
+) -> list[CheckMessage]:
+    """W012 / W013: the days ahead run short, or records wait in the default partition.
+
+    Only for the databases the check is asked about (``check --database``,
+    ``migrate``) that hold a day-partitioned record table. W012: fewer days after
+    today have a partition than the window of a claim made tomorrow needs (the
+    sweeper has not run for ``PARTITIONS_AHEAD`` days): claims of the later days land in
+    the default partition. W013: records wait in the default partition. A database
+    that cannot be read (not migrated yet) is skipped.
+    """
+    messages: list[CheckMessage] = []
+    try:
+        covered = set(all_databases())
+    except ImproperlyConfigured:
+        return []  # reported by check_database_aliases
+    needed = days_needed() + 1
+    for alias in databases or ():
+        if alias not in covered:
+            continue
+        try:
+            stats = partition_stats(alias)
+        except DatabaseError:
+            continue
+        if stats is None:
+            continue
+        if stats.days_ahead < needed:
+            messages.append(
+                Warning(
+                    f"Only {stats.days_ahead} day(s) after today have a partition of the "
+                    f"record table in {alias!r}; claims whose window ends later (up to "
+                    f"{needed} days ahead) land in the default partition.",
+                    hint="Run the sweeper (manage.py idempotency_sweep, or the "
+                    "django_idempotency.sweep task), and schedule it at least daily: it "
+                    f"creates the days ahead ({_RETENTION_DOCS}).",
+                    id="django_idempotency.W012",
+                )
+            )
+        if stats.default_rows:
+            count = (
+                f"at least {DEFAULT_ROWS_BOUND}"
+                if stats.default_rows >= DEFAULT_ROWS_BOUND
+                else str(stats.default_rows)
+            )
+            messages.append(
+                Warning(
+                    f"{count} record(s) wait in the default partition of the record table "
+                    f"in {alias!r}: they were claimed while their day had no partition.",
+                    hint="Run the sweeper: it moves them into their days, or deletes them "
+                    f"once their window is over ({_RETENTION_DOCS}).",
+                    id="django_idempotency.W013",
+                )
+            )
     return messages

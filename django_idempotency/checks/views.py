@@ -35,9 +35,9 @@ def check_view_retention(
     """W002: a view keeps responses longer than ``MAX_RETENTION``, the partitions' horizon.
 
     Its records are still kept for their whole window; on a partitioned PostgreSQL
-    table, though, its claims may have to create their partition on demand (the sweeper
-    creates days ahead only up to ``MAX_RETENTION``), which can queue behind a sweeper
-    detaching an old day.
+    table, though, its claims may land in the default partition (the sweeper creates
+    days ahead only up to ``MAX_RETENTION``), and wait there until the sweeper creates
+    their day.
     """
     try:
         limit = conf.max_retention
@@ -59,8 +59,8 @@ def check_view_retention(
                 f"{label(obj)} declares a retention of "
                 f"{as_duration(seconds)}, longer than IDEMPOTENCY['MAX_RETENTION'] "
                 f"({as_duration(limit)}). Its keys are kept for their whole window, but on a "
-                "partitioned PostgreSQL table its claims may have to create their "
-                "day's partition themselves, and wait behind the sweeper.",
+                "partitioned PostgreSQL table its records may land in the default "
+                "partition, beyond the days the sweeper creates ahead.",
                 hint="Raise MAX_RETENTION to the longest retention of any view: the "
                 "sweeper then creates every partition a claim needs ahead of time.",
                 obj=label(obj),

@@ -13,7 +13,8 @@ counter per event of ``django_idempotency.metrics`` (``django_idempotency_replay
 ``..._execution_seconds`` and ``..._replay_age_seconds``, the gauges the keys-minted
 audit sets (``..._keys_minted_groups``) and the outbox gauges
 (``..._outbox_lag_seconds``, ``..._outbox_due_messages``, ``..._outbox_dead_messages``
-...), read from the database at each scrape. Expose the
+...) and those of the day-partitioned record table (``..._partition_days_ahead``,
+``..._default_partition_rows``), read from the database at each scrape. Expose the
 registry as you already do (``django-prometheus``, ``prometheus_client.start_http_server``,
 ``make_wsgi_app``). Metric names: docs/observability.md; alert rules and a Grafana
 dashboard ship in ``django_idempotency/monitoring/`` (docs/operations.md).
@@ -32,7 +33,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from django_idempotency import metrics
-from django_idempotency.store.routing import outbox_database
+from django_idempotency.store.routing import outbox_database, record_database
 
 logger = logging.getLogger("django_idempotency.metrics")
 
@@ -173,7 +174,72 @@ class OutboxCollector(Collector):
         return iter(self._families(stats))
 
 
-_installed: dict[int, tuple[PrometheusSink, OutboxCollector | None]] = {}
+class PartitionCollector(Collector):
+    """Gauges of the day-partitioned record table, computed at scrape time.
+
+    ``partition_days_ahead`` (days after today with a partition of their own) and
+    ``default_partition_rows`` (records waiting in the default partition, counted up
+    to 1,000), by ``metrics.partition_stats`` (docs/retention.md). When the record
+    table is not partitioned the gauges are described without a value (no series);
+    when the database failed, nothing is yielded (logged).
+
+    Args:
+        using: database alias (default: the router's choice for records).
+        namespace: metric name prefix.
+        close_connection: as for :class:`OutboxCollector`.
+    """
+
+    def __init__(
+        self,
+        using: str | None = None,
+        namespace: str = NAMESPACE,
+        *,
+        close_connection: bool = False,
+    ) -> None:
+        self.using = using
+        self.prefix = f"{namespace}_" if namespace else ""
+        self.close_connection = close_connection
+
+    def _families(self, stats: metrics.PartitionStats | None) -> list[GaugeMetricFamily]:
+        rows = [
+            (
+                "partition_days_ahead",
+                "Days after today with a record partition of their own.",
+                "days_ahead",
+            ),
+            (
+                "default_partition_rows",
+                "Records waiting in the default partition (counted up to 1000).",
+                "default_rows",
+            ),
+        ]
+        return [
+            GaugeMetricFamily(
+                self.prefix + name, doc, value=None if stats is None else getattr(stats, field)
+            )
+            for name, doc, field in rows
+        ]
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        """The gauges' names, without touching the database (registration)."""
+        return iter(self._families(None))
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        """Read the partitions and yield the gauges (no series if not partitioned)."""
+        try:
+            stats = metrics.partition_stats(self.using)
+        except DatabaseError:
+            logger.warning("partition gauges skipped: the database failed", exc_info=True)
+            return iter(())
+        finally:
+            if self.close_connection:
+                connection = connections[self.using or record_database()]
+                if not connection.in_atomic_block:
+                    connection.close()
+        return iter(self._families(stats))
+
+
+_installed: dict[int, tuple[PrometheusSink, list[Collector]]] = {}
 
 
 def install(
@@ -181,6 +247,7 @@ def install(
     *,
     namespace: str = NAMESPACE,
     outbox: bool = True,
+    partitions: bool = True,
     using: str | None = None,
     close_connection: bool = False,
 ) -> PrometheusSink:
@@ -194,6 +261,8 @@ def install(
         outbox: register the :class:`OutboxCollector` gauges (needs the outbox table:
             migrated). In ``prometheus_client`` multiprocess mode, register them only
             in the process that serves the scrape (docs/observability.md).
+        partitions: register the :class:`PartitionCollector` gauges (they yield
+            nothing unless the record table is day-partitioned).
         using: database alias the gauges read.
         close_connection: see :class:`OutboxCollector`.
 
@@ -204,12 +273,15 @@ def install(
     if found is not None:
         return found[0]
     sink = PrometheusSink(registry, namespace)
-    collector = None
+    collectors: list[Collector] = []
     if outbox:
-        collector = OutboxCollector(using, namespace, close_connection=close_connection)
+        collectors.append(OutboxCollector(using, namespace, close_connection=close_connection))
+    if partitions:
+        collectors.append(PartitionCollector(using, namespace, close_connection=close_connection))
+    for collector in collectors:
         registry.register(collector)
     metrics.connect(sink)
-    _installed[id(registry)] = (sink, collector)
+    _installed[id(registry)] = (sink, collectors)
     return sink
 
 
@@ -218,8 +290,8 @@ def uninstall(registry: CollectorRegistry = REGISTRY) -> None:
     found = _installed.pop(id(registry), None)
     if found is None:
         return
-    sink, collector = found
+    sink, collectors = found
     metrics.disconnect(sink)
     sink.unregister()
-    if collector is not None:
+    for collector in collectors:
         registry.unregister(collector)

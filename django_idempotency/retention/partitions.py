@@ -1,26 +1,25 @@
 """Day partitions of the record table on PostgreSQL.
 
-List them, create them ahead, drop them behind (the sweeper); the table itself, and
-the conversions between the plain and the partitioned table, are ``store.schema``'s.
-Every function takes a Django connection and runs in its current transaction state;
-:func:`drop` needs autocommit (outside ``transaction.atomic``) to detach without
-blocking claims. Days are UTC dates. See docs/retention.md.
+List them, create them ahead, drop them behind, and empty the default partition of
+what is past its window (the sweeper); the table itself, the creation of a day and the
+conversions between the plain and the partitioned table are ``store.schema``'s.
+Creating or dropping a day holds the record table's ACCESS EXCLUSIVE lock for a
+moment: claims wait for it, at most ``lock_timeout`` (the sweeper gives up past it and
+tries again next run). Every function takes a Django connection and runs in its
+current transaction state. Days are UTC dates. See docs/retention.md.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
 
 from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_idempotency.store import clock
-from django_idempotency.store.schema.functions import PARTITION_PREFIX
+from django_idempotency.store.schema import tables
+from django_idempotency.store.schema.functions import DEFAULT_PARTITION, PARTITION_PREFIX
 from django_idempotency.store.sql import TABLE
 
 
@@ -47,10 +46,6 @@ def _qualified(connection: BaseDatabaseWrapper, partition: Partition) -> str:
     return f"{quote(partition.schema)}.{name}" if partition.schema else name
 
 
-#: The store's "now" on PostgreSQL: the database's clock plus the test offset (seconds).
-_NOW = "(statement_timestamp() + %s * interval '1 second')"
-
-
 def partition_name(day: dt.date) -> str:
     """The table name of ``day``'s partition."""
     return f"{PARTITION_PREFIX}{day:%Y%m%d}"
@@ -67,7 +62,7 @@ def _day_of(name: str) -> dt.date | None:
 
 
 def list_partitions(connection: BaseDatabaseWrapper) -> list[Partition]:
-    """The day partitions, attached or left detached by an interrupted drop, by day.
+    """The day partitions, by day (the default partition is not one).
 
     Tables named like a partition but not attached to the record table are listed with
     ``attached=False``; other partitions (not named by this app) are left out.
@@ -77,8 +72,7 @@ def list_partitions(connection: BaseDatabaseWrapper) -> list[Partition]:
             """
             SELECT c.relname, c.reltuples::bigint,
                    EXISTS (SELECT 1 FROM pg_inherits i
-                           WHERE i.inhrelid = c.oid AND i.inhparent = p.oid
-                             AND NOT i.inhdetachpending),
+                           WHERE i.inhrelid = c.oid AND i.inhparent = p.oid),
                    n.nspname
             FROM pg_class p JOIN pg_class c ON c.relnamespace = p.relnamespace
             JOIN pg_namespace n ON n.oid = p.relnamespace
@@ -96,147 +90,117 @@ def list_partitions(connection: BaseDatabaseWrapper) -> list[Partition]:
     return sorted(found, key=lambda p: p.day)
 
 
-def ensure(connection: BaseDatabaseWrapper, day: dt.date) -> bool:
-    """Create ``day``'s partition unless it exists. Returns whether it was created.
+def ensure(
+    connection: BaseDatabaseWrapper, day: dt.date, *, lock_timeout: float | None = None
+) -> int | None:
+    """Create ``day``'s partition unless it exists (``store.schema.tables.create_day``).
 
-    Safe against concurrent callers (an advisory lock per day). Takes SHARE UPDATE
-    EXCLUSIVE on the parent, which claims do not wait for.
+    Moves the default partition's records of that day into it.
+
+    Args:
+        connection: a PostgreSQL connection whose record table is partitioned.
+        day: the UTC day.
+        lock_timeout: seconds to wait for the record table's lock (``None``: no limit
+            beyond the connection's own).
+
+    Returns:
+        The number of records moved out of the default partition, or ``None`` when the
+        partition existed already.
+
+    Raises:
+        django.db.OperationalError: the lock was not granted within ``lock_timeout``.
     """
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT django_idempotency_ensure_partition(%s::date)", [day])
-        (created,) = cursor.fetchone()
-    return bool(created)
+    return tables.create_day(connection, day, lock_timeout)
 
 
 def drop(connection: BaseDatabaseWrapper, partition: Partition, *, lock_timeout: float) -> bool:
-    """Detach ``partition`` from the record table and drop it, unless it came alive.
+    """Drop ``partition`` unless a record in it is live (in its window or its lease).
 
-    In autocommit mode (the sweeper's normal case) it is detached ``CONCURRENTLY``,
-    which never blocks claims; a detach left pending by an interrupted run is
-    finalised. The detach waits for every transaction that was using the partition, so
-    one that made a record in it live again meanwhile (a late completion, a heartbeat,
-    a takeover, begun after the caller's probe) has committed by then: the detached
-    table is probed again, and a partition that holds a live record is attached back
-    and kept. Inside a transaction it is dropped directly, which needs a brief ACCESS
-    EXCLUSIVE lock on the parent, waited for at most ``lock_timeout`` seconds (the
-    caller's locked probe in the same transaction keeps writers out until then).
+    In one transaction (a savepoint inside the caller's) holding the record table's
+    ACCESS EXCLUSIVE lock, waited for at most ``lock_timeout`` seconds: the partition
+    is probed (:func:`holds_live_records`), then dropped. With the lock held no writer
+    can make one of its records live between the probe and the drop, and no session
+    keeps a map of partitions that names it.
 
     Returns:
-        Whether the partition was dropped (``False``: attached back, a record in it is
-        live).
+        Whether the partition was dropped (``False``: a record in it is live).
 
     Raises:
         django.db.OperationalError: the lock was not granted in time (retry later).
     """
-    quoted = _qualified(connection, partition)
-    parent = connection.ops.quote_name(TABLE)
-    if connection.in_atomic_block:
-        _drop_in_transaction(connection, quoted, lock_timeout)
-        return True
-    # Autocommit: no session setting (a transaction pooler would hand it to another
-    # client); the detach is cancelled if it waits longer than lock_timeout, and the
-    # drop runs in a transaction of its own with a transaction-local lock_timeout.
-    with connection.cursor() as cursor:
-        pending = _detach_pending(cursor, quoted)
-        if partition.attached or pending:
-            mode = "FINALIZE" if pending else "CONCURRENTLY"
-            with _cancelled_after(connection, lock_timeout):
-                cursor.execute(f"ALTER TABLE {parent} DETACH PARTITION {quoted} {mode}")
-        cursor.execute(
-            f"SELECT EXISTS (SELECT 1 FROM {quoted} WHERE expires_at > {_NOW})",
-            [clock.offset()],
-        )
-        if cursor.fetchone()[0]:
-            _attach(cursor, parent, quoted, partition.day)
+    with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
+        tables.lock_table(cursor, lock_timeout)
+        if holds_live_records(connection, partition, clock.store_now(connection)):
             return False
-    with transaction.atomic(using=connection.alias):
-        _drop_in_transaction(connection, quoted, lock_timeout)
+        cursor.execute(f"DROP TABLE IF EXISTS {_qualified(connection, partition)}")
     return True
 
 
-def _attach(cursor: Any, parent: str, quoted: str, day: dt.date) -> None:
-    """Attach a detached day partition back, with the bounds it was created with."""
-    start = dt.datetime.combine(day, dt.time(), tzinfo=dt.UTC)
-    cursor.execute(
-        f"ALTER TABLE {parent} ATTACH PARTITION {quoted} FOR VALUES FROM (%s) TO (%s)",
-        [start, start + dt.timedelta(days=1)],
-    )
-
-
-def _drop_in_transaction(connection: BaseDatabaseWrapper, quoted: str, lock_timeout: float) -> None:
-    """``DROP TABLE`` waiting at most ``lock_timeout`` seconds, then the setting restored."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT current_setting('lock_timeout')")
-        (previous,) = cursor.fetchone()
-        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{lock_timeout}s"])
-        cursor.execute(f"DROP TABLE IF EXISTS {quoted}")
-        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
-
-
-@contextmanager
-def _cancelled_after(connection: BaseDatabaseWrapper, seconds: float) -> Iterator[None]:
-    """Cancel the statement run in the block if it still runs after ``seconds``.
-
-    A cancel request goes to the server (through a pooler, to the server session the
-    statement runs on); the statement then fails with ``QueryCanceled`` (an
-    ``OperationalError``). Used where a ``lock_timeout`` would have to be a session
-    setting: ``DETACH PARTITION ... CONCURRENTLY`` cannot run in a transaction.
-    """
-    connection.ensure_connection()
-    timer = threading.Timer(seconds, connection.connection.cancel)
-    timer.daemon = True
-    timer.start()
-    try:
-        yield
-    finally:
-        timer.cancel()
-        timer.join()
-
-
 def holds_live_records(
-    connection: BaseDatabaseWrapper,
-    partition: Partition,
-    now: dt.datetime,
-    *,
-    lock_timeout: float | None = None,
+    connection: BaseDatabaseWrapper, partition: Partition, now: dt.datetime
 ) -> bool:
     """Whether a record in ``partition`` is inside its window or holds a live lease.
 
     One probe of the partition's ``expires_at`` index: a record's window never ends
     before its lease (every write of the store keeps ``expires_at >= lease_until``, and
-    no row is written otherwise).
-
-    With ``lock_timeout`` (seconds), the probe first takes the partition's ``SHARE``
-    lock, which waits for the transactions writing to it (a late completion, a
-    heartbeat or a takeover of one of its records, not yet committed: the probe would
-    not see what they write) and keeps new ones out until the probe's transaction ends
-    (the caller's, inside one). Claims never write to a past day, and lookups are not
-    blocked.
-
-    Raises:
-        django.db.OperationalError: ``lock_timeout`` passed before the lock was granted
-            (a writer still runs: keep the day for now).
+    no row is written otherwise). It sees what is committed: :func:`drop` calls it under
+    the record table's lock, which waits for every writer of the table to end first.
     """
     quoted = _qualified(connection, partition)
-    if lock_timeout is None:
-        with connection.cursor() as cursor:
-            cursor.execute(f"SELECT EXISTS (SELECT 1 FROM {quoted} WHERE expires_at > %s)", [now])
-            return bool(cursor.fetchone()[0])
-    with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
-        cursor.execute("SELECT current_setting('lock_timeout')")
-        (previous,) = cursor.fetchone()
-        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{lock_timeout}s"])
-        cursor.execute(f"LOCK TABLE {quoted} IN SHARE MODE")
-        cursor.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
+    with connection.cursor() as cursor:
         cursor.execute(f"SELECT EXISTS (SELECT 1 FROM {quoted} WHERE expires_at > %s)", [now])
         return bool(cursor.fetchone()[0])
 
 
-def _detach_pending(cursor: Any, name: str) -> bool:
-    """Whether the table ``name`` (quoted, with its schema) has a detach left pending."""
-    cursor.execute(
-        "SELECT EXISTS (SELECT 1 FROM pg_inherits WHERE inhrelid = to_regclass(%s) "
-        "AND inhdetachpending)",
-        [name],
-    )
-    return bool(cursor.fetchone()[0])
+def purge_default(
+    connection: BaseDatabaseWrapper, now: dt.datetime, *, batch: int, dry_run: bool = False
+) -> int:
+    """Delete the default partition's records past their window and lease.
+
+    Records land there when their day has no partition (the sweeper did not run for
+    days); once their day is past, no day partition is created for them, and they are
+    deleted here, ``batch`` rows per statement, each its own transaction outside the
+    caller's (a record made live meanwhile by a late completion or a heartbeat is kept:
+    the DELETE tests its conditions again on the row that writer left).
+
+    Args:
+        connection: a PostgreSQL connection whose record table is partitioned.
+        now: the store's clock.
+        batch: rows per statement (at least 1).
+        dry_run: delete nothing; count what would be deleted.
+
+    Returns:
+        The number of records deleted (or that would be).
+    """
+    table = f"{connection.ops.quote_name(DEFAULT_PARTITION)}"
+    if current := _record_schema(connection):
+        table = f"{connection.ops.quote_name(current)}.{table}"
+    condition = "expires_at <= %s AND (state = 'completed' OR lease_until <= %s)"
+    with connection.cursor() as cursor:
+        if dry_run:
+            cursor.execute(f"SELECT count(*) FROM {table} WHERE {condition}", [now, now])
+            return int(cursor.fetchone()[0])
+        total = 0
+        while True:
+            with transaction.atomic(using=connection.alias):
+                cursor.execute(
+                    f"DELETE FROM {table} WHERE ctid = ANY (ARRAY (SELECT ctid FROM {table} "
+                    f"WHERE {condition} LIMIT %s)) AND {condition}",
+                    [now, now, max(batch, 1), now, now],
+                )
+                deleted = int(cursor.rowcount)
+            total += deleted
+            if deleted < max(batch, 1):
+                return total
+
+
+def _record_schema(connection: BaseDatabaseWrapper) -> str:
+    """The schema of the record table the connection's statements find."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE c.oid = to_regclass(%s)",
+            [TABLE],
+        )
+        row = cursor.fetchone()
+    return str(row[0]) if row else ""

@@ -5,16 +5,17 @@
 
 * PostgreSQL, partitioned record table (partitioned by ``sweep_after``, the day each
   record's window ends): creates the partitions of today and of every day a claim made
-  now may need (``MAX_RETENTION`` ahead, plus ``PARTITIONS_AHEAD`` days), makes every
-  session read the table's partitions again once they are attached
-  (``store.catalog.reload_partition_map``), then detaches
-  and drops each day partition that ended before today, unless a record in it is still
-  inside its window (``expires_at > now``: a takeover, a heartbeat or a late completion
-  pushed it) or holds a live lease; such a day is kept (``held``) until the next run.
-  The probe waits for the day's writers first (the partition's ``SHARE`` lock), and
-  the detached table is probed again before it is dropped (a writer begun since may
-  have pushed a window: the day is then attached back and held). A constant cost
-  whatever the row count: one index probe per old partition, two for one dropped.
+  now may need (``MAX_RETENTION`` ahead, plus ``PARTITIONS_AHEAD`` days), moving into
+  each the records the default partition holds of its day (``moved``); then drops each
+  day partition that ended before today, unless a record in it is still inside its
+  window (``expires_at > now``: a takeover, a heartbeat or a late completion pushed it)
+  or holds a live lease; such a day is kept (``held``) until the next run. Each creation
+  and drop holds the record table's ACCESS EXCLUSIVE lock for a moment, waited for at
+  most ``LOCK_TIMEOUT``: claims wait for it meanwhile, and a day whose lock is not
+  granted in time is reported in ``errors`` and tried again next run. Last, deletes
+  the default partition's records past their window and lease, in batches
+  (``deleted_records``). A constant cost whatever the row count: one index probe per
+  old partition.
 * Other databases, or a plain PostgreSQL table: deletes the records whose window and
   lease are both over, in batches of ``SWEEP_BATCH_SIZE`` rows, each its own
   transaction.
@@ -47,7 +48,7 @@ from django_idempotency.conf import conf
 from django_idempotency.models import IdempotencyRecord, OutboxMessage, OutboxState, RecordState
 from django_idempotency.retention import partitions
 from django_idempotency.store import clock
-from django_idempotency.store.catalog import is_partitioned, reload_partition_map
+from django_idempotency.store.catalog import has_advisory_locks, is_partitioned
 from django_idempotency.store.clock import store_now
 from django_idempotency.store.routing import record_database
 from django_idempotency.store.schema.functions import SCHEMA_SWEEP_LOCK, SWEEP_LOCK
@@ -67,8 +68,10 @@ logger = logging.getLogger("django_idempotency")
 #: The name of the Celery task that runs the sweeper (``django_idempotency.tasks.sweep``).
 SWEEP_TASK = "django_idempotency.sweep"
 
-#: Seconds a partition drop waits for its lock before giving up until the next run.
-LOCK_TIMEOUT = 5.0
+#: Seconds the creation or the drop of a day partition waits for the record table's
+#: lock before giving up until the next run. Claims queue behind a waiting lock request,
+#: so this is also the longest a claim waits for the sweeper.
+LOCK_TIMEOUT = 1.0
 
 
 @dataclass
@@ -85,12 +88,15 @@ class SweepReport:
             today, UTC) may be dropped; rows whose window and lease ended before it
             may be deleted (``now``).
         created: days whose partition was (or would be) created.
+        moved: records moved from the default partition into the days created.
         dropped: partitions dropped (or to drop), with their estimated row counts.
         held: partitions past their day kept because a record in them is still
             inside its window or lease.
-        deleted_records: records deleted (or to delete) by the batched path.
+        deleted_records: records deleted (or to delete): by the batched path, or from
+            the default partition of the partitioned table.
         deleted_outbox: sent outbox messages deleted (or to delete).
-        errors: partitions that could not be dropped this time, with the reason.
+        errors: days that could not be created and partitions that could not be
+            dropped this time (their lock was not granted in time), with the reason.
         seconds: wall time of the sweep.
         schema: the tenant schema swept (django-tenants); ``None``: the connection's own.
     """
@@ -102,6 +108,7 @@ class SweepReport:
     cutoff: dt.datetime
     skipped: bool = False
     created: list[dt.date] = field(default_factory=list)
+    moved: int = 0
     dropped: list[partitions.Partition] = field(default_factory=list)
     held: list[str] = field(default_factory=list)
     deleted_records: int = 0
@@ -229,20 +236,20 @@ def _exclusive(
     """One sweeper at a time per PostgreSQL database, or per tenant schema.
 
     The lock is transaction-scoped (``pg_try_advisory_xact_lock``) and held by a
-    transaction of its own, on a second connection, for the whole sweep: the sweep's
-    own statements cannot share it, since ``DETACH PARTITION ... CONCURRENTLY`` runs
-    outside any transaction. An open transaction keeps one server session, even behind
-    a transaction pooler (PgBouncer), so the lock is taken and released (by the
-    transaction's end) on the same session, never leaked to another client's; a
-    sweeper that dies drops its connection, which ends the transaction and the lock.
-    That transaction takes no table lock: the detaches never wait for it. On a
-    schema-per-tenant database (django-tenants) a sweep takes the lock of the schema
-    whose record table it sweeps (``SCHEMA_SWEEP_LOCK``, the schema name's hash), found
-    the way the sweep's statements find the table (the second connection runs in the
-    same schema), so sweeps of two schemas never skip each other and two sweeps of one
-    schema never run together, whichever schema they were asked for.
+    transaction of its own, on a second connection, for the whole sweep: the sweep's own
+    statements run in transactions of their own (one per day created or dropped, one per
+    batch deleted), which end before the sweep does. An open transaction keeps one
+    server session, even behind a transaction pooler (PgBouncer), so the lock is taken
+    and released (by the transaction's end) on the same session, never leaked to another
+    client's; a sweeper that dies drops its connection, which ends the transaction and
+    the lock. That transaction takes no table lock: the creations and drops never wait
+    for it. On a schema-per-tenant database (django-tenants) a sweep takes the lock of
+    the schema whose record table it sweeps (``SCHEMA_SWEEP_LOCK``, the schema name's
+    hash), found the way the sweep's statements find the table (the second connection
+    runs in the same schema), so sweeps of two schemas never skip each other and two
+    sweeps of one schema never run together, whichever schema they were asked for.
     """
-    if dry_run or connection.vendor != "postgresql":
+    if dry_run or not has_advisory_locks(connection):
         yield True
         return
     holder = copy_of(connection)
@@ -278,44 +285,53 @@ def _sweep_partitions(connection: BaseDatabaseWrapper, report: SweepReport) -> N
     existing = partitions.list_partitions(connection)
     attached = {p.day for p in existing if p.attached}
     today = report.now.date()
-    # Create every day ahead first, so no claim queues behind the detaches below.
     for offset in range(days_ahead() + 1):
         day = today + dt.timedelta(days=offset)
         if day in attached:
             continue
-        if report.dry_run or partitions.ensure(connection, day):
+        if report.dry_run:
             report.created.append(day)
-    if report.created and not report.dry_run:
-        # Once the attaches are committed: a session that built its map of partitions
-        # while one committed may have kept the map without it (reload_partition_map).
-        reload_partition_map(connection)
+            continue
+        try:
+            moved = partitions.ensure(connection, day, lock_timeout=LOCK_TIMEOUT)
+        except DatabaseError as exc:
+            _failed(report, partitions.partition_name(day), "create", exc)
+            continue
+        if moved is not None:
+            report.created.append(day)
+            report.moved += moved
     for partition in existing:
         if partition.day >= report.cutoff.date():
             continue
-        try:
-            # The probe waits for writers still making a record of the day live (a late
-            # completion, a heartbeat, a takeover); drop() probes again after its
-            # detach, which waits for any writer begun since.
+        if report.dry_run:
             if partition.attached and partitions.holds_live_records(
-                connection,
-                partition,
-                report.now,
-                lock_timeout=None if report.dry_run else LOCK_TIMEOUT,
+                connection, partition, report.now
             ):
                 report.held.append(partition.name)
-                continue
-            if not report.dry_run and not partitions.drop(
-                connection, partition, lock_timeout=LOCK_TIMEOUT
-            ):
-                report.held.append(partition.name)
-                continue
-        except DatabaseError as exc:
-            if connection.in_atomic_block:
-                raise
-            report.errors.append(f"{partition.name}: {exc}".strip())
-            logger.warning("idempotency sweep: could not drop %s: %s", partition.name, exc)
+            else:
+                report.dropped.append(partition)
             continue
-        report.dropped.append(partition)
+        try:
+            dropped = partitions.drop(connection, partition, lock_timeout=LOCK_TIMEOUT)
+        except DatabaseError as exc:
+            _failed(report, partition.name, "drop", exc)
+            continue
+        if dropped:
+            report.dropped.append(partition)
+        else:
+            report.held.append(partition.name)
+    report.deleted_records = partitions.purge_default(
+        connection,
+        report.now,
+        batch=conf.sweep_batch_size,
+        dry_run=report.dry_run,
+    )
+
+
+def _failed(report: SweepReport, name: str, what: str, exc: DatabaseError) -> None:
+    """Report a day the sweep could not create or drop (its savepoint rolled back)."""
+    report.errors.append(f"{name}: {exc}".strip())
+    logger.warning("idempotency sweep: could not %s %s: %s", what, name, exc)
 
 
 def _delete(queryset: QuerySet[Any], *, dry_run: bool) -> int:

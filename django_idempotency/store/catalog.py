@@ -15,17 +15,12 @@ migration reads it again.
 
 from __future__ import annotations
 
-import logging
 import threading
 from typing import NamedTuple
 
-from django.db import DatabaseError
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from django_idempotency.store.isolation import own_transaction
 from django_idempotency.store.sql import TABLE
-
-logger = logging.getLogger("django_idempotency")
 
 
 class _Facts(NamedTuple):
@@ -95,63 +90,10 @@ def forget() -> None:
         _kinds.clear()
 
 
-#: A change of nothing to the partitioned record table (a column's unset ``n_distinct``
-#: reset) that still sends the table's cache invalidation to every session. It takes
-#: SHARE UPDATE EXCLUSIVE on the table alone, which no claim, completion or read waits
-#: for, and waits at most 100 ms for a partition being attached or detached (the
-#: setting ends with the statement's own transaction).
-_RELOAD_PARTITION_MAP_SQL = f"""
-DO $fn$
-BEGIN
-    PERFORM set_config('lock_timeout', '100ms', true);
-    ALTER TABLE {TABLE} ALTER COLUMN sweep_after RESET (n_distinct);
-END
-$fn$
-"""
+def has_advisory_locks(connection: BaseDatabaseWrapper) -> bool:
+    """Whether ``connection``'s database has advisory locks (PostgreSQL's).
 
-#: Databases (alias) whose partition maps could not be reloaded: warned about once.
-_reload_failed: set[str] = set()
-
-
-def reload_partition_map(connection: BaseDatabaseWrapper) -> bool:
-    """Make every session, this one included, read the record table's partitions again.
-
-    A PostgreSQL session keeps a map of a partitioned table's partitions, built when
-    first needed and rebuilt when the table changes. A session that builds it while
-    another commits an ``ATTACH PARTITION`` can keep a map without the new partition
-    until the table's next change (PostgreSQL 15: sessions that connect during the
-    attach): its inserts into that day fail with "no partition ... found for row"
-    however often they are retried, and its reads skip the day's rows. A change of
-    nothing to the table makes every session rebuild its map. The claim calls this when
-    its insert finds no partition for a day whose partition exists; the sweeper after
-    it creates partitions.
-
-    Args:
-        connection: a PostgreSQL connection whose record table is partitioned. Only
-            outside a transaction of the caller's (autocommit, no atomic block): there
-            the change's lock would be held until that transaction ends, and every
-            attach would wait for it.
-
-    Returns:
-        Whether the maps were invalidated. ``False`` inside a caller's transaction
-        (nothing is sent), when the role does not own the table, or when a partition
-        change held the table for more than 100 ms; the first failure per database is
-        logged as a warning (docs/retention.md#partitions-and-sessions).
+    The sweeper takes one so that a second concurrent run does nothing; elsewhere runs
+    are not serialised (every step is idempotent).
     """
-    if not own_transaction(connection):
-        return False
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute(_RELOAD_PARTITION_MAP_SQL)
-    except DatabaseError as exc:
-        if connection.alias not in _reload_failed:
-            _reload_failed.add(connection.alias)
-            logger.warning(
-                "could not make sessions re-read the partitions of %s (%s): a session "
-                "that missed an attached partition fails to claim keys of its day until "
-                "the table changes again (docs/retention.md#partitions-and-sessions)",
-                TABLE,
-                exc,
-            )
-        return False
-    return True
+    return connection.vendor == "postgresql"

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import time
 import uuid
 from typing import Any
 
@@ -31,7 +30,7 @@ from django.db.models.functions import Greatest
 from django_idempotency.models import IdempotencyRecord, RecordState
 from django_idempotency.store import clock, presence
 from django_idempotency.store.catalog import forget as forget_table_kind
-from django_idempotency.store.catalog import is_partitioned, reload_partition_map
+from django_idempotency.store.catalog import is_partitioned
 from django_idempotency.store.fingerprints import same_request
 from django_idempotency.store.isolation import (
     NOT_READ_COMMITTED,
@@ -65,45 +64,6 @@ from django_idempotency.store.values import (
     Existing,
     Scope,
 )
-
-#: SQLSTATE of "no partition of relation ... found for row" (check_violation).
-_NO_PARTITION = "23514"
-
-
-def _no_partition(exc: IntegrityError) -> bool:
-    """Whether ``exc`` is PostgreSQL's "no partition ... found for row".
-
-    A check violation that names no constraint: a CHECK constraint's names its own.
-    """
-    diag = getattr(exc.__cause__, "diag", None)
-    return sqlstate_of(exc) == _NO_PARTITION and not getattr(diag, "constraint_name", None)
-
-
-#: Seconds after one process's reload of every session's partition map during which
-#: it sends no other, per database: one reload repairs every session whose map was
-#: built before it, and a day whose partition cannot be used (a table of its name left
-#: detached) must not make each of its claims send DDL.
-_RELOAD_INTERVAL = 1.0
-_reloaded_at: dict[str, float] = {}
-
-
-def _refresh_partition_map(connection: Any) -> None:
-    """Make every session's map of partitions include the claim's day before it retries.
-
-    The session's map may have been built while the day was being attached and kept
-    without it (``catalog.reload_partition_map``): every session's map is reloaded, at
-    most once a second per process and database. Inside a caller's transaction the
-    reload sends nothing; the next round, in a new savepoint, reads the attach already.
-    """
-    if not own_transaction(connection):
-        return
-    last = _reloaded_at.get(connection.alias)
-    if last is None or time.monotonic() - last >= _RELOAD_INTERVAL:
-        reload_partition_map(connection)
-        # Stamped when it is over: a claim that fails while it runs sends its own, as
-        # its session may have read its map before this reload committed.
-        _reloaded_at[connection.alias] = time.monotonic()
-
 
 #: Attempts at "claim, or settle on the row we collided with" before answering 409.
 _MAX_ROUNDS = 5
@@ -237,14 +197,6 @@ def _insert(
                 cursor.execute(sql, params)
                 row = cursor.fetchone()
                 columns = [column.name for column in cursor.description or ()]
-        except IntegrityError as exc:
-            if sql is PG_PARTITIONED_CLAIM_SQL and _no_partition(exc):
-                # The statement found (or made) the day's partition, but this session's
-                # map of partitions lacks it: attached by another session after the
-                # map was read. Read it again; the next round inserts.
-                _refresh_partition_map(connection)
-                return None, None
-            raise
         except DatabaseError as exc:
             if (
                 sqlstate_of(exc) in (NOT_READ_COMMITTED, SERIALIZATION_FAILURE)

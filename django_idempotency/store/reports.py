@@ -2,6 +2,9 @@
 
 * :func:`outbox_stats`: the outbox's counts and lag by the store's clock, the
   :class:`OutboxStats` that ``metrics.outbox_stats`` returns (docs/observability.md);
+* :func:`partition_stats`: how many days ahead have a partition of their own, and
+  whether records wait in the default partition (PostgreSQL's partitioned record
+  table: docs/retention.md#days-ahead-and-the-default-partition);
 * :func:`bounded_rows`: the rows of a read-only statement that may run at most a given
   time (PostgreSQL's ``statement_timeout``), for the keys-minted audit
   (docs/operations.md#keys-minted-per-attempt).
@@ -11,6 +14,7 @@ Callers get the same answer on every database; what differs between them stays h
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +24,10 @@ from django.db.models import Count, Min, Q
 
 from django_idempotency.models import OutboxMessage, OutboxState
 from django_idempotency.store import clock
+from django_idempotency.store.catalog import is_partitioned
 from django_idempotency.store.rows import sqlstate_of
+from django_idempotency.store.schema.functions import DEFAULT_PARTITION, PARTITION_PREFIX
+from django_idempotency.store.sql import TABLE
 
 #: SQLSTATE of a statement cancelled by ``statement_timeout`` (PostgreSQL).
 QUERY_CANCELED = "57014"
@@ -102,6 +109,79 @@ def outbox_stats(using: str) -> OutboxStats:
         lag=age(agg["first_due"]),
         oldest_pending_age=age(agg["first_created"]),
     )
+
+
+#: :attr:`PartitionStats.default_rows` counts at most this many rows.
+DEFAULT_ROWS_BOUND = 1000
+
+
+@dataclass(frozen=True)
+class PartitionStats:
+    """The day partitions ahead and the default partition now (docs/retention.md).
+
+    Attributes:
+        days_ahead: consecutive days after today (by the store's clock, UTC), from
+            tomorrow on, that have a partition of their own. A claim whose window ends
+            on a later day lands in the default partition.
+        default_rows: records in the default partition, counted up to
+            :data:`DEFAULT_ROWS_BOUND`: records claimed while their day had no
+            partition, that the sweeper has not moved into their day (or deleted) yet.
+    """
+
+    days_ahead: int
+    default_rows: int
+
+
+#: The attached day partitions' names, and the default partition's first rows.
+_PG_PARTITIONS_SQL = f"""
+SELECT array(SELECT c.relname::text FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+             WHERE i.inhparent = to_regclass('{TABLE}') AND c.relname LIKE %s),
+       (statement_timestamp() + %s * interval '1 second') AT TIME ZONE 'UTC'
+"""
+
+
+def partition_stats(using: str) -> PartitionStats | None:
+    """The days ahead and the default partition of the record table on ``using``.
+
+    Catalog queries and a count of at most :data:`DEFAULT_ROWS_BOUND` rows of the
+    default partition: cheap enough for a scrape or a system check.
+
+    Args:
+        using: the record table's database alias.
+
+    Returns:
+        The :class:`PartitionStats`, or ``None`` when the record table is not a
+        partitioned PostgreSQL table (nothing to report).
+
+    Raises:
+        django.db.DatabaseError: the database failed.
+    """
+    connection = connections[using]
+    if not is_partitioned(connection):
+        return None
+    quote = connection.ops.quote_name
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _PG_PARTITIONS_SQL, [PARTITION_PREFIX.replace("_", r"\_") + "%", clock.offset()]
+        )
+        names, now = cursor.fetchone()
+        cursor.execute(
+            "SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE c.oid = to_regclass(%s)",
+            [TABLE],
+        )
+        (schema,) = cursor.fetchone()
+        cursor.execute(
+            f"SELECT count(*) FROM (SELECT 1 FROM {quote(schema)}.{quote(DEFAULT_PARTITION)} "
+            "LIMIT %s) AS waiting",
+            [DEFAULT_ROWS_BOUND],
+        )
+        (default_rows,) = cursor.fetchone()
+    days = {name.removeprefix(PARTITION_PREFIX) for name in names}
+    ahead = 0
+    while f"{now.date() + dt.timedelta(days=ahead + 1):%Y%m%d}" in days:
+        ahead += 1
+    return PartitionStats(days_ahead=ahead, default_rows=int(default_rows))
 
 
 class StatementTimeout(Exception):

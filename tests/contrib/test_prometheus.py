@@ -103,3 +103,17 @@ def test_registration_does_not_query_the_database(django_assert_num_queries):
     with django_assert_num_queries(0):
         prometheus.install(registry)
     prometheus.uninstall(registry)
+
+
+def test_partition_gauges_follow_the_partitioned_record_table(registry):
+    """On PostgreSQL's day-partitioned record table the days ahead and the default
+    partition's records are exported at each scrape; elsewhere no series is."""
+    from django_idempotency.store.catalog import is_partitioned
+
+    text = prometheus_client.generate_latest(registry).decode()
+    if not is_partitioned(connection):  # described, no series
+        assert registry.get_sample_value("django_idempotency_partition_days_ahead") is None
+        return
+    assert "# TYPE django_idempotency_partition_days_ahead gauge" in text
+    assert value(registry, "django_idempotency_partition_days_ahead") >= 1
+    assert value(registry, "django_idempotency_default_partition_rows") == 0

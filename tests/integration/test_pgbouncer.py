@@ -20,7 +20,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from django.db import DatabaseError, connection, connections, transaction
+from django.db import connection, connections, transaction
 
 from django_idempotency import outbox, retention, store, testing
 from django_idempotency.models import IdempotencyRecord
@@ -28,6 +28,7 @@ from django_idempotency.outbox import relay
 from django_idempotency.retention import sweeper
 from django_idempotency.store.schema.functions import SWEEP_LOCK
 from tests.support.concurrency import Runner
+from tests.support.factories import create_window_day
 from tests.support.pgbouncer import pgbouncer_port
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True), pytest.mark.pooled]
@@ -75,6 +76,7 @@ def old_claims(days_back: tuple[int, ...]) -> list[store.Claim]:
     claims = []
     for days in days_back:
         with testing.travel(-days * DAY):
+            create_window_day(DAY)
             won = store.claim(scope(), FP, lease=30, retention=DAY)
             assert isinstance(won, store.Claim)
             claims.append(won)
@@ -194,6 +196,8 @@ def partition_of(record_id: int) -> str:
 
 
 def test_a_sweep_that_fails_in_a_transaction_leaves_no_lock_behind(monkeypatch):
+    """Inside a caller's transaction a drop that cannot get its lock in time is rolled
+    back alone and reported; the sweeper's lock is not left behind."""
     (old,) = old_claims((10,))
     name = partition_of(old.record_id)
     monkeypatch.setattr(sweeper, "LOCK_TIMEOUT", 0.2)
@@ -202,8 +206,9 @@ def test_a_sweep_that_fails_in_a_transaction_leaves_no_lock_behind(monkeypatch):
         reader.set_autocommit(False)
         with reader.cursor() as cursor:  # the drop cannot get its lock in time
             cursor.execute(f"LOCK TABLE {name} IN ACCESS SHARE MODE")
-        with pytest.raises(DatabaseError), transaction.atomic():
-            retention.sweep()  # inside a transaction: the failure propagates
+        with transaction.atomic():
+            failed = retention.sweep()
+        assert name in [e.split(":")[0] for e in failed.errors]
     finally:
         reader.rollback()
         reader.close()
@@ -239,7 +244,7 @@ def test_two_sweepers_at_once_do_the_work_once():
     assert not IdempotencyRecord.objects.filter(pk__in=[c.record_id for c in old]).exists()
 
 
-def test_a_detach_that_waits_too_long_is_cancelled_and_finished_later(monkeypatch):
+def test_a_drop_that_waits_too_long_gives_up_and_is_done_later(monkeypatch):
     (old,) = old_claims((10,))
     name = partition_of(old.record_id)
     monkeypatch.setattr(sweeper, "LOCK_TIMEOUT", 0.2)
@@ -248,14 +253,9 @@ def test_a_detach_that_waits_too_long_is_cancelled_and_finished_later(monkeypatc
         reader.set_autocommit(False)
         with reader.cursor() as cursor:  # an open transaction that read the old day
             cursor.execute(f"LOCK TABLE {name} IN ACCESS SHARE MODE")
-        report = retention.sweep()  # autocommit: DETACH ... CONCURRENTLY, cancelled
-        # Other old days left by earlier tests may fail too: PostgreSQL allows one
-        # pending detach per table, and this day's is pending now.
+        report = retention.sweep()  # the drop's lock wait runs out
         assert name in [e.split(":")[0] for e in report.errors]
     finally:
         reader.rollback()
         reader.close()
-    try:
-        assert name in {p.name for p in retention.sweep().dropped}
-    finally:
-        retention.sweep()  # never leave a day pending detach to the next test
+    assert name in {p.name for p in retention.sweep().dropped}

@@ -472,21 +472,28 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "X15",
-        "retention/sweeper.py",
-        "                lock_timeout=None if report.dry_run else LOCK_TIMEOUT,\n",
-        "                lock_timeout=None,\n",
+        "retention/partitions.py",
+        "        tables.lock_table(cursor, lock_timeout)\n        if holds_live_records(",
+        "        if holds_live_records(",
         tests=("tests/retention/test_late_completions.py",),
         backends=(PG,),
-        what="the sweeper's probe of a day does not wait for its writers (SHARE lock)",
+        what="a day is probed and dropped without the table's lock: a late completion in "
+        "flight is dropped with its day",
     ),
     m(
         "X16",
-        "retention/partitions.py",
-        "        if cursor.fetchone()[0]:\n            _attach(",
-        "        if False:\n            _attach(",
-        tests=("tests/retention/test_late_completions.py",),
+        "store/schema/tables.py",
+        "    if default is not None:\n",
+        "    if False:\n",
+        tests=(
+            "tests/retention/test_partitions.py::"
+            "test_a_claim_of_a_day_without_a_partition_lands_in_the_default_partition",
+            "tests/retention/test_partitions.py::"
+            "test_the_sweeper_moves_the_default_partitions_records_into_the_days_it_creates",
+        ),
         backends=(PG,),
-        what="a detached day is dropped without a second probe (a late completion lost)",
+        what="a day is created without moving the default partition's records of it: its "
+        "attach fails, and the day is never created",
     ),
     m(
         "X17",
@@ -1003,13 +1010,14 @@ MUTANTS: list[Mutant] = [
         "    window = 0.0\n",
         tests=(f"{EDGES}::test_the_sweeper_creates_every_partition_a_claim_needs[partitioned]",),
         backends=(PG,),
-        what="days_ahead() ignores MAX_RETENTION: a claim must create its own partition",
+        what="days_ahead() ignores MAX_RETENTION: claims of the later days land in the "
+        "default partition",
     ),
     m(
         "T8",
-        "retention/sweeper.py",
-        "            if partition.attached and partitions.holds_live_records(\n",
-        "            if False and partitions.holds_live_records(\n",
+        "retention/partitions.py",
+        "        if holds_live_records(connection, partition, clock.store_now(connection)):\n",
+        "        if False:\n",
         tests=(
             f"{EDGES}::test_a_live_lease_holds_its_partition_past_its_day[partitioned]",
             f"{EDGES}::test_a_takeover_near_the_end_of_the_window_survives_the_sweep[partitioned]",
@@ -1017,7 +1025,7 @@ MUTANTS: list[Mutant] = [
             RETENTION,
         ),
         backends=(PG,),
-        what="the sweeper drops a past day's partition that holds a live record (held skipped)",
+        what="a drop removes a past day's partition that holds a live record (held skipped)",
     ),
     # partitions.py
     m(
@@ -1035,18 +1043,15 @@ MUTANTS: list[Mutant] = [
     m(
         "PT2",
         "retention/partitions.py",
-        "                             AND NOT i.inhdetachpending),\n",
-        "),\n",
+        "    condition = \"expires_at <= %s AND (state = 'completed' OR lease_until <= %s)\"\n",
+        "    condition = \"%s IS NOT NULL AND (state = 'completed' OR lease_until <= %s)\"\n",
         tests=(
-            "tests/retention/test_late_completions.py::"
-            "test_a_late_completion_behind_a_cancelled_detach_is_attached_back_by_the_next_sweep",
+            "tests/retention/test_partitions.py::"
+            "test_the_sweeper_deletes_the_default_partitions_records_past_their_window",
         ),
         backends=(PG,),
-        what="a partition left half-detached listed as attached: the next sweep probes and "
-        "holds it, never finalising the detach and attaching back a day with a live record",
+        what="the default partition's completed records deleted inside their window",
     ),
-    # protocol/drf.py, protocol/decorators.py, checks/stacking.py: protection where it
-    # cannot work is refused
     m(
         "K1",
         "protocol/drf.py",
@@ -1179,19 +1184,14 @@ MUTANTS: list[Mutant] = [
     m(
         "K13",
         "retention/sweeper.py",
-        "                connection, partition, lock_timeout=LOCK_TIMEOUT\n"
-        "            ):\n"
-        "                report.held.append(partition.name)\n"
-        "                continue\n",
-        "                connection, partition, lock_timeout=LOCK_TIMEOUT\n"
-        "            ):\n"
-        "                pass\n",
+        "        else:\n            report.held.append(partition.name)\n",
+        "        else:\n            report.dropped.append(partition)\n",
         tests=(
             "tests/retention/test_sweep_command.py::"
-            "test_a_day_attached_back_during_the_sweep_is_reported_as_held",
+            "test_a_past_day_kept_for_a_late_completion_is_reported_as_held",
         ),
         backends=(PG,),
-        what="a day attached back by the sweeper is reported as dropped",
+        what="a day kept for a live record is reported as dropped",
     ),
     m(
         "K14",
@@ -2239,14 +2239,16 @@ def enter_schema(""",
     ),
     m(
         "TN5",
-        "store/schema/functions.py",
-        "            SELECT 1 FROM pg_class c WHERE c.relnamespace = v_schema\n",
-        "            SELECT 1 FROM pg_class c WHERE c.oid = to_regclass(c.relname)\n",
+        "store/schema/tables.py",
+        "               WHERE c.relnamespace = p.relnamespace AND c.relname = %(name)s),\n",
+        "               WHERE c.relname = %(name)s),\n",
         tests=(
-            f"{_TENANTS}[test_a_tenants_claim_makes_its_own_day_partition_beside_publics-tenant]",
+            f"{_TENANTS}[test_a_tenants_claim_of_a_day_without_a_partition_stays_in_its_own_"
+            "schema-tenant]",
         ),
         backends=(PG,),
-        what="a tenant's claim takes public's day partition for its own: 409 for the day",
+        what="creating a tenant's day takes public's table of that day for the tenant's: the "
+        "day is never created in the tenant's schema",
     ),
     m(
         "TN6",

@@ -1,7 +1,7 @@
 """The sweeper against late completions, on PostgreSQL with real threads and sessions:
-a completion that commits during a sweep, behind a timed-out detach, before the sweep,
-or begins after the sweeper's probe, is never dropped with its day: the record stays
-and the retry replays (docs/retention.md, "A late completion stays replayable",
+a completion that commits during a sweep, behind a drop that timed out waiting for the
+table's lock, or before the sweep, is never dropped with its day: the record stays and
+the retry replays (docs/retention.md, "A late completion stays replayable",
 "Dropping a day")."""
 
 from __future__ import annotations
@@ -50,21 +50,14 @@ def _backend_waits_on_lock(pid: int) -> bool:
     return row is not None and row[0] == "Lock"
 
 
-def _detach_pending(name: str) -> bool:
-    """Whether the partition ``name`` has a detach left pending (``pg_inherits``)."""
-    with connections["default"].cursor() as cursor:
-        cursor.execute(
-            "SELECT EXISTS (SELECT 1 FROM pg_inherits WHERE inhrelid = to_regclass(%s) "
-            "AND inhdetachpending)",
-            [name],
-        )
-        return bool(cursor.fetchone()[0])
-
-
 def _late_claim(key: str) -> store.Claim:
     """A claim made two days ago whose window (60 s) and lease (30 s) are long over,
-    nobody having taken it over: its owner may still complete, late."""
+    nobody having taken it over: its owner may still complete, late. Its day has a
+    partition (made ahead by the sweeper at the time)."""
+    from django_idempotency.retention import partitions
+
     with testing.travel(-2 * DAY):
+        partitions.ensure(connection, store.clock.store_now(connection).date())
         owner = store.claim(_scope(key), FP, lease=30, retention=60)
     assert isinstance(owner, store.Claim)
     return owner
@@ -123,7 +116,9 @@ class _Session(threading.Thread):
             connections.close_all()
 
 
-def test_a_late_completion_committing_during_a_sweep_is_not_dropped_with_its_day() -> None:
+def test_a_late_completion_committing_during_a_sweep_is_not_dropped_with_its_day(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A claim whose window ended on an earlier UTC day (its lease too: the owner ran
     long, nobody retried) completes *while* the sweeper works on that day: the owner's
     fenced completion (allowed: nobody took the key over) pushes ``expires_at`` to
@@ -138,13 +133,12 @@ def test_a_late_completion_committing_during_a_sweep_is_not_dropped_with_its_day
     and retention.py ("unless a record in it is still inside its window (expires_at >
     now: a takeover, a heartbeat or a late completion pushed it)").
 
-    How: the probe (``holds_live_records``) takes the partition's SHARE lock first, which
-    waits for the owner's transaction; a probe that read ``expires_at`` before the
-    completion committed would let ``DETACH PARTITION ... CONCURRENTLY`` wait for the
-    owner's transaction and drop the day with the completed record in it.
+    How: the drop takes the record table's ACCESS EXCLUSIVE lock before its probe
+    (``holds_live_records``), which waits for the owner's transaction.
     """
     if not sweeper.is_partitioned(connection):
         pytest.skip("partitioned table only")
+    monkeypatch.setattr(sweeper, "LOCK_TIMEOUT", 30.0)
     key = str(uuid.uuid4())
     owner = _late_claim(key)
     with _completing_late(owner):
@@ -167,7 +161,7 @@ def test_a_late_completion_committing_during_a_sweep_is_not_dropped_with_its_day
     assert isinstance(retry, store.Existing) and retry.completed
 
 
-def test_a_late_completion_behind_a_timed_out_detach_is_not_forgotten(
+def test_a_late_completion_behind_a_timed_out_drop_is_not_forgotten(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The same late completion (window and lease over on an earlier UTC day, the owner
@@ -183,9 +177,8 @@ def test_a_late_completion_behind_a_timed_out_detach_is_not_forgotten(
     its (extended) window or lease is kept (held)". So the retry replays, and the next
     sweep holds the day.
 
-    How: the probe's lock wait times out, before any detach; a cancelled detach would
-    leave the partition "detach pending", where claims no longer see the completed
-    record, and the next sweep would drop it without a probe.
+    How: the drop's wait for the table's lock times out before its probe; the day is
+    left as it was.
     """
     if not sweeper.is_partitioned(connection):
         pytest.skip("partitioned table only")
@@ -194,11 +187,11 @@ def test_a_late_completion_behind_a_timed_out_detach_is_not_forgotten(
     owner = _late_claim(key)
     with _completing_late(owner):
         first = retention.sweep()  # waits for the owner's transaction, then gives up
-    # The probe's lock wait ran out behind the owner: the day is an error, not detached.
+    # The drop's lock wait ran out behind the owner: the day is an error, left as it was.
     assert first.errors and not first.dropped, first.as_dict()
     assert IdempotencyRecord.objects.filter(pk=owner.record_id, state="completed").exists()
     retry = store.claim(_scope(key), FP, lease=30, retention=60)
-    second = retention.sweep()  # also finalises the pending detach, whatever happens
+    second = retention.sweep()
     kept = IdempotencyRecord.objects.filter(pk=owner.record_id).exists()
     assert isinstance(retry, store.Existing) and retry.completed, (
         f"the committed late completion is not replayed (sweep: {first.as_dict()}); the "
@@ -239,14 +232,13 @@ def late_day() -> tuple[str, store.Claim, str, Any]:
     return key, owner, name, partition
 
 
-def test_a_writer_begun_after_the_probe_is_waited_for_and_its_day_attached_back(
+def test_a_drop_waits_for_a_late_completion_in_flight_and_keeps_its_day(
     late_day: tuple[str, store.Claim, str, Any],
 ) -> None:
-    """``partitions.drop()`` after a probe that found the day dead: a late completion
-    begun since (the probe's lock no longer keeps it out) is waited for by ``DETACH
-    PARTITION ... CONCURRENTLY``; the detached table is then probed again, the live
-    record found, and the partition attached back instead of dropped: ``drop`` returns
-    ``False`` and the retry replays (docs/retention.md, "Dropping a day")."""
+    """``partitions.drop()`` while a late completion of the day is written, not yet
+    committed: the drop waits for the record table's lock, then probes the day, finds
+    the live record and keeps the day: ``drop`` returns ``False`` and the retry replays
+    (docs/retention.md, "Dropping a day")."""
     from django_idempotency.retention import partitions
 
     key, owner, name, partition = late_day
@@ -254,7 +246,7 @@ def test_a_writer_begun_after_the_probe_is_waited_for_and_its_day_attached_back(
         dropper = _Session(lambda: partitions.drop(connection, partition, lock_timeout=30))
         dropper.start()
         assert _wait_until(lambda: dropper.pid is not None), "the dropper never connected"
-        assert _wait_until(lambda: _backend_waits_on_lock(dropper.pid)), "no detach waited"
+        assert _wait_until(lambda: _backend_waits_on_lock(dropper.pid)), "no drop waited"
     dropper.join(30)
     assert not dropper.errors, dropper.errors
     assert dropper.results == [False]
@@ -264,33 +256,25 @@ def test_a_writer_begun_after_the_probe_is_waited_for_and_its_day_attached_back(
     assert isinstance(retry, store.Existing) and retry.completed
 
 
-def test_a_late_completion_behind_a_cancelled_detach_is_attached_back_by_the_next_sweep(
+def test_a_drop_that_times_out_behind_a_late_completion_leaves_the_day_attached(
     late_day: tuple[str, store.Claim, str, Any],
 ) -> None:
-    """A late completion begun after the sweeper's probe (window and lease over on an
-    earlier UTC day, nobody took the key over) keeps its transaction open longer than
-    ``partitions.drop()`` lets ``DETACH PARTITION ... CONCURRENTLY`` wait: the detach is
-    cancelled and left pending, and the owner then commits (the client gets its 201).
-    Claims do not see a partition whose detach is pending.
-
-    Expected (docs/retention.md, "Dropping a day": "a detach interrupted half-way is
-    finalised ... by the next run"; "The same second probe covers a detach finalised
-    from an interrupted run"): the next sweep finalises the pending detach, finds the
-    live record in the detached table and attaches the day back (``held``), so the
-    retry replays the 201 instead of running the view again. A sweep that took the
-    pending day for an attached one would only probe it and hold it, leaving it
-    detached: the record out of every claim's sight for the rest of its window."""
+    """A late completion whose transaction stays open longer than ``partitions.drop()``
+    waits for the record table's lock: the drop fails (``OperationalError``) and
+    changes nothing; the owner then commits (the client gets its 201), and the next
+    sweep holds the day, so the retry replays the 201 instead of running the view
+    again (docs/retention.md, "Dropping a day")."""
     from django_idempotency.retention import partitions
 
     key, owner, name, partition = late_day
     with _completing_late(owner):
-        # The detach waits for the owner's open transaction, and is cancelled.
         dropper = _Session(lambda: partitions.drop(connection, partition, lock_timeout=0.5))
         dropper.start()
         dropper.join(30)
     assert not dropper.is_alive() and not dropper.results, dropper.results
     assert [type(e).__name__ for e in dropper.errors] == ["OperationalError"], dropper.errors
-    assert _detach_pending(name), "the cancelled detach was not left pending"
+    (again,) = [p for p in partitions.list_partitions(connection) if p.name == name]
+    assert again.attached
     report = retention.sweep()
     assert name in report.held and not report.errors, report.as_dict()
     retry = store.claim(_scope(key), FP, lease=30, retention=60)
@@ -298,4 +282,3 @@ def test_a_late_completion_behind_a_cancelled_detach_is_attached_back_by_the_nex
         f"the committed late completion is not replayed after the sweep "
         f"{report.as_dict()}: the retry got {retry!r}"
     )
-    assert not _detach_pending(name)

@@ -1,8 +1,9 @@
 """The day-partitioned record table on PostgreSQL (docs/retention.md).
 
-Uniqueness of (principal, endpoint, key) across partitions, claims straddling
-midnight with real concurrent connections, the protocol's updates on the partitioned
-table, and partition management by the sweeper. Time moves with ``testing.travel``
+Uniqueness of (principal, endpoint, key) across partitions (the default partition
+included), claims straddling midnight with real concurrent connections, the protocol's
+updates on the partitioned table, claims of a day without a partition (the default
+partition, no DDL), and partition management by the sweeper. Time moves with ``testing.travel``
 (or an explicit per-thread clock offset passed to the claim function). No fixed sleeps:
 one test polls ``pg_locks``, with a deadline, until a claim waits for its lock.
 """
@@ -14,7 +15,7 @@ import threading
 import uuid
 
 import pytest
-from django.db import IntegrityError, connection, connections, transaction
+from django.db import IntegrityError, OperationalError, connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
 from django_idempotency import exceptions, retention, store, testing
@@ -23,7 +24,7 @@ from django_idempotency.models import IdempotencyRecord, RecordState
 from django_idempotency.retention import partitions, sweeper
 from django_idempotency.store import clock
 from django_idempotency.store.catalog import forget, is_partitioned
-from django_idempotency.store.schema.functions import SWEEP_LOCK
+from django_idempotency.store.schema.functions import DEFAULT_PARTITION, SWEEP_LOCK
 from django_idempotency.store.sql import PG_PARTITIONED_CLAIM_SQL
 from tests.support.concurrency import Runner
 from tests.support.factories import IdempotencyRecordFactory
@@ -103,15 +104,16 @@ def window_day(offset: float = 0.0) -> dt.date:
 # --- the table ---------------------------------------------------------------------
 
 
-def test_the_table_is_range_partitioned_by_day_with_no_default_partition():
+def test_the_table_is_range_partitioned_by_day_with_a_default_partition():
     assert is_partitioned(connection)
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT p.partstrat, p.partdefid, a.attname FROM pg_partitioned_table p "
+            "SELECT p.partstrat, p.partdefid::regclass::text, a.attname "
+            "FROM pg_partitioned_table p "
             "JOIN pg_attribute a ON a.attrelid = p.partrelid AND a.attnum = p.partattrs[0] "
             "WHERE p.partrelid = 'django_idempotency_record'::regclass"
         )
-        assert cursor.fetchone() == ("r", 0, "sweep_after")
+        assert cursor.fetchone() == ("r", DEFAULT_PARTITION, "sweep_after")
     retention.sweep()
     days = {p.day for p in partitions.list_partitions(connection) if p.attached}
     today = day_of()
@@ -123,14 +125,37 @@ def test_rows_go_to_the_partition_of_their_day():
     assert partition_of(won.record_id) == partitions.partition_name(window_day())
 
 
-def test_a_missing_partition_is_created_by_the_claim():
+def partition_names() -> set[str]:
+    return {p.name for p in partitions.list_partitions(connection)}
+
+
+def test_a_claim_of_a_day_without_a_partition_lands_in_the_default_partition():
+    """No claim creates a partition: the record waits in the default partition, stays
+    claimable and unique there, and the day's creation moves it into its day."""
     far = 400 * DAY
-    name = partitions.partition_name(window_day(far))
-    assert name not in {p.name for p in partitions.list_partitions(connection)}
-    with testing.travel(far):
-        won = claim(scope())
-    assert isinstance(won, store.Claim)
-    assert partition_of(won.record_id) == name
+    day = window_day(far)
+    name = partitions.partition_name(day)
+    before = partition_names()
+    assert name not in before
+    try:
+        with testing.travel(far):
+            sc = scope()
+            won = claim(sc)
+            assert isinstance(won, store.Claim)
+            assert partition_of(won.record_id) == DEFAULT_PARTITION
+            assert partition_names() == before  # no DDL
+            done(won, b"in default")
+            again = claim(sc)
+            assert isinstance(again, store.Existing) and again.response.body == b"in default"
+        assert partitions.ensure(connection, day) == 1
+        assert partition_of(won.record_id) == name
+        assert partitions.ensure(connection, day) is None
+        with testing.travel(far):
+            replay = claim(sc)
+        assert isinstance(replay, store.Existing) and replay.response.body == b"in default"
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP TABLE IF EXISTS {name}")
 
 
 def storage_parameters(name: str) -> list[str]:
@@ -140,13 +165,14 @@ def storage_parameters(name: str) -> list[str]:
 
 
 def test_a_new_partition_takes_the_storage_parameters_of_the_newest_one():
-    """A partition made on demand gets ``fillfactor=75``; once an operator sets storage
-    parameters on the newest partition, the partitions made after it take them."""
+    """A new partition gets ``fillfactor=75``; once an operator sets storage parameters
+    on the newest partition, the partitions made after it take them."""
     made: list[str] = []
     try:
         for days in (2000, 2001, 2002):  # later than any day another test makes
-            with testing.travel(days * DAY):
-                made.append(partition_of(claim(scope()).record_id))
+            day = window_day(days * DAY)
+            assert partitions.ensure(connection, day) == 0
+            made.append(partitions.partition_name(day))
             if days == 2000:
                 assert storage_parameters(made[0]) == ["fillfactor=75"]
                 with connection.cursor() as cursor:
@@ -171,11 +197,11 @@ def test_a_new_partition_takes_the_storage_parameters_of_the_newest_one():
                 cursor.execute(f"DROP TABLE IF EXISTS {name}")
 
 
-def test_a_session_that_missed_an_attach_claims_on_the_new_partition():
-    """A session whose partition map predates a partition attached by another session
-    (here: its transaction claimed a key before the attach, and held its locks across
-    it) still claims a key whose window ends on that day: the claim refreshes the map
-    and inserts."""
+def test_a_day_waits_for_a_transaction_using_the_table_and_its_claims_still_succeed():
+    """A day is created under the table's ACCESS EXCLUSIVE lock: while a transaction
+    uses the table the creation gives up at its ``lock_timeout`` (the sweeper tries
+    again next run), and that transaction's claims of the day land in the default
+    partition meanwhile."""
     far = 2100 * DAY  # later than any day another test makes
     day = window_day(far)
     name = partitions.partition_name(day)
@@ -183,24 +209,28 @@ def test_a_session_that_missed_an_attach_claims_on_the_new_partition():
     try:
         with transaction.atomic():
             assert isinstance(claim(scope()), store.Claim)
-            runner.start(lambda: partitions.ensure(connections["default"], day))
-            assert runner.join() == [True]
+            runner.start(lambda: partitions.ensure(connections["default"], day, lock_timeout=0.2))
+            with pytest.raises(OperationalError):
+                runner.join()
             with testing.travel(far):
                 won = claim(scope())
             assert isinstance(won, store.Claim)
-            assert partition_of(won.record_id) == name
+            assert partition_of(won.record_id) == DEFAULT_PARTITION
+        assert partitions.ensure(connection, day) == 1
+        assert partition_of(won.record_id) == name
     finally:
         with connection.cursor() as cursor:
             cursor.execute(f"DROP TABLE IF EXISTS {name}")
 
 
-def test_concurrent_claims_creating_one_missing_partition():
+def test_concurrent_claims_of_a_day_without_a_partition_all_succeed_without_ddl():
     """Sixteen different keys on a day without a partition, each from a session that
-    connects during the race: all are claimed, in one new partition. A session whose map
-    of partitions missed the attach reloads it (store.catalog.reload_partition_map)."""
+    connects during the race: all are claimed, in the default partition, and no
+    partition is created."""
     offset = 500 * DAY + 3600
     barrier = threading.Barrier(CLIENTS)
     runner = Runner()
+    before = partition_names()
 
     def contender():
         barrier.wait(10)
@@ -211,8 +241,48 @@ def test_concurrent_claims_creating_one_missing_partition():
             runner.start(contender)
         results = runner.join()
     assert all(isinstance(r, store.Claim) for r in results), results
-    names = {partition_of(r.record_id) for r in results}
-    assert names == {partitions.partition_name(window_day(offset))}
+    assert {partition_of(r.record_id) for r in results} == {DEFAULT_PARTITION}
+    assert partition_names() == before
+
+
+def test_a_day_created_while_its_claims_run_leaves_every_claim_succeeded_once():
+    """A sweeper creates a day while sixteen sessions claim keys of that day, each key
+    twice: every claim succeeds or finds its own key's record, each scope is stored
+    once, and every record ends in the day's partition (moved, or inserted after)."""
+    far = 2200 * DAY  # later than any day another test makes
+    day = window_day(far)
+    name = partitions.partition_name(day)
+    scopes = [scope() for _ in range(CLIENTS // 2)]
+    barrier = threading.Barrier(CLIENTS + 1)
+    runner = Runner()
+
+    def contender(sc):
+        barrier.wait(10)
+        return sc.key, claim(sc)
+
+    def creator():
+        barrier.wait(10)
+        return partitions.ensure(connections["default"], day, lock_timeout=10)
+
+    try:
+        with testing.travel(far):
+            for sc in scopes * 2:  # each scope claimed twice
+                runner.start(lambda sc=sc: contender(sc))
+            runner.start(creator)
+            results = runner.join()
+        moved = [r for r in results if not isinstance(r, tuple)]
+        claims = [r for r in results if isinstance(r, tuple)]
+        assert len(moved) == 1 and moved[0] is not None
+        won = [key for key, r in claims if isinstance(r, store.Claim)]
+        assert sorted(won) == sorted(sc.key for sc in scopes)  # each scope won once
+        assert sum(isinstance(r, store.Existing) for _, r in claims) == len(scopes)
+        keys = [sc.key for sc in scopes]
+        rows = IdempotencyRecord.objects.filter(key__in=keys)
+        assert sorted(r.key for r in rows) == sorted(keys)
+        assert {partition_of(r.pk) for r in rows} == {name}
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"DROP TABLE IF EXISTS {name}")
 
 
 def test_claim_is_one_round_trip():
@@ -330,6 +400,21 @@ def _wait_for_advisory_lock_waiter() -> bool:
         return False
     finally:
         timer.cancel()
+
+
+def test_a_key_in_the_default_partition_is_unique_across_the_day_partitions():
+    """A record in the default partition and a claim or insert of its scope whose
+    window ends in a day partition: one record per scope, the duplicate is refused."""
+    far = 2300 * DAY  # later than any day another test makes
+    sc = scope()
+    with testing.travel(far):
+        won = claim(sc)
+    assert partition_of(won.record_id) == DEFAULT_PARTITION
+    existing = claim(sc)  # its window ends in a day partition; the record is not there
+    assert isinstance(existing, store.Existing) and existing.lease_remaining > 0
+    with pytest.raises(IntegrityError), transaction.atomic():
+        IdempotencyRecordFactory(principal=sc.principal, endpoint=sc.endpoint, key=sc.key)
+    assert IdempotencyRecord.objects.filter(key=sc.key).count() == 1
 
 
 def test_direct_inserts_of_a_duplicate_scope_are_refused_across_partitions():
@@ -455,6 +540,7 @@ def test_orm_updates_and_deletes_by_pk_work():
 
 
 def _old_and_new_records():
+    partitions.ensure(connection, window_day(-10 * DAY))
     with testing.travel(-10 * DAY):
         old = claim(scope())
     recent = claim(scope())
@@ -476,6 +562,38 @@ def test_sweep_drops_whole_days_past_max_retention_and_creates_days_ahead():
     assert all(p.day >= report.cutoff.date() for p in partitions.list_partitions(connection))
     again = retention.sweep()
     assert again.dropped == [] and again.created == []
+
+
+def test_the_sweeper_moves_the_default_partitions_records_into_the_days_it_creates():
+    """A day the sweeper had not created when its records were claimed: the sweep
+    creates it and moves them there (``moved``)."""
+    day = window_day()
+    name = partitions.partition_name(day)
+    with connection.cursor() as cursor:
+        cursor.execute(f"DROP TABLE {name}")
+    won = claim(scope())
+    assert partition_of(won.record_id) == DEFAULT_PARTITION
+    report = retention.sweep()
+    assert day in report.created and report.moved == 1 and not report.errors
+    assert partition_of(won.record_id) == name
+
+
+def test_the_sweeper_deletes_the_default_partitions_records_past_their_window():
+    """Records of a past day that never got its partition are deleted from the default
+    partition once their window and lease are over (``deleted_records``); a record
+    still in its window stays."""
+    with testing.travel(-20 * DAY):  # a day no partition holds
+        gone = claim(scope(), retention_s=60)
+        done(gone)
+    with testing.travel(2400 * DAY):  # a day no partition holds either
+        kept = claim(scope())
+        done(kept)  # completed, inside its window
+    assert {partition_of(gone.record_id), partition_of(kept.record_id)} == {DEFAULT_PARTITION}
+    assert retention.sweep(dry_run=True).deleted_records == 1
+    report = retention.sweep()
+    assert report.deleted_records == 1 and not report.errors
+    assert not IdempotencyRecord.objects.filter(pk=gone.record_id).exists()
+    assert IdempotencyRecord.objects.filter(pk=kept.record_id).exists()
 
 
 def test_max_retention_never_shortens_a_window():
@@ -516,6 +634,7 @@ def test_a_second_sweeper_is_a_no_op_while_one_holds_the_lock():
 
 def test_two_sweepers_at_once_drop_each_partition_once():
     for days_back in (10, 11, 12):
+        partitions.ensure(connection, window_day(-days_back * DAY))
         with testing.travel(-days_back * DAY):
             claim(scope())
     expected = {p.name for p in retention.sweep(dry_run=True).dropped}
@@ -535,7 +654,7 @@ def test_two_sweepers_at_once_drop_each_partition_once():
     assert not any(r.errors for r in reports)
 
 
-def test_sweep_inside_a_transaction_drops_without_detaching_concurrently():
+def test_sweep_inside_a_transaction_drops_old_days():
     old, recent = _old_and_new_records()
     with transaction.atomic():
         report = retention.sweep()
@@ -543,7 +662,7 @@ def test_sweep_inside_a_transaction_drops_without_detaching_concurrently():
     assert IdempotencyRecord.objects.filter(pk=recent.record_id).exists()
 
 
-def test_a_partition_left_detached_by_an_interrupted_sweep_is_dropped():
+def test_a_day_table_left_unattached_is_dropped():
     old, _ = _old_and_new_records()
     name = partition_of(old.record_id)
     with connection.cursor() as cursor:
@@ -564,7 +683,7 @@ def test_a_partition_drop_that_cannot_get_its_lock_is_reported_and_retried(monke
         with reader.cursor() as cursor:  # an open transaction that read the old day
             cursor.execute(f"LOCK TABLE {name} IN ACCESS SHARE MODE")
         report = retention.sweep()
-        assert [e.split(":")[0] for e in report.errors] == [name]
+        assert name in [e.split(":")[0] for e in report.errors]
         assert name not in {p.name for p in report.dropped}
     finally:
         reader.rollback()

@@ -19,6 +19,7 @@ from django_idempotency.checks.settings import check_settings
 from django_idempotency.checks.views import check_view_retention
 from django_idempotency.models import IdempotencyRecord, OutboxMessage, OutboxState
 from django_idempotency.store import clock
+from tests.support.factories import create_window_day
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.pooled]
 
@@ -108,6 +109,7 @@ def test_inside_a_kept_day_an_expired_record_is_absent_to_the_claim():
 
 def test_dry_run_reports_and_changes_nothing():
     with testing.travel(-9 * DAY):
+        create_window_day(DAY)
         old = claim()
     report = retention.sweep(dry_run=True)
     assert report.dry_run and exists(old)
@@ -129,6 +131,7 @@ def test_sweeping_again_does_nothing_more():
 
 def test_batched_delete_removes_everything_in_small_batches():
     with testing.travel(-9 * DAY):
+        create_window_day(DAY)
         for _ in range(7):
             claim()
     kept = claim()

@@ -425,16 +425,26 @@ def test_a_server_default_isolation_is_detected_by_the_claim(
 def test_the_sweeper_creates_every_partition_a_claim_needs(record_table):
     if record_table != "partitioned":
         pytest.skip("partitions only")
+    today = clock.store_now(connection).date()
+    farthest = today + dt.timedelta(days=tables.days_ahead())
+    for partition in partitions.list_partitions(connection):
+        if partition.day == farthest:  # the sweeper must make it again
+            assert partitions.drop(connection, partition, lock_timeout=10)
     retention.sweep()
     before = {p.name for p in partitions.list_partitions(connection)}
-    today = clock.store_now(connection).date()
     needed = {
         partitions.partition_name(today + dt.timedelta(days=n))
         for n in range(tables.days_ahead() + 1)
     }
     assert needed <= before
-    claim(scope(), retention_s=7 * DAY)  # MAX_RETENTION's window: created already
+    won = claim(scope(), retention_s=7 * DAY)  # MAX_RETENTION's window: created already
     assert {p.name for p in partitions.list_partitions(connection)} == before
+    with connection.cursor() as cursor:  # its own day, not the default partition
+        cursor.execute(
+            "SELECT tableoid::regclass::text FROM django_idempotency_record WHERE id = %s",
+            [won.record_id],
+        )
+        assert cursor.fetchone()[0] == partitions.partition_name(won.sweep_after.date())
 
 
 def test_record_migrations_pass_router_hints():

@@ -40,15 +40,18 @@ class IdempotencyRecordFactory(factory.django.DjangoModelFactory):
     lease_until = factory.LazyAttribute(lambda o: o.created_at + dt.timedelta(seconds=60))
     expires_at = factory.LazyAttribute(lambda o: o.created_at + dt.timedelta(days=1))
 
-    @classmethod
-    def _create(cls, model_class, *args, **kwargs):
-        """On the partitioned table, make sure the record's day partition exists."""
-        from django.db import connection
 
-        from django_idempotency.retention import partitions
-        from django_idempotency.store.catalog import is_partitioned
+def create_window_day(window: float) -> None:
+    """On the partitioned table, create the day partition in which the window of a
+    record claimed now (by the store's clock, travel included) ends, as the sweeper
+    would have made it ahead: the record then goes to its day, not to the default
+    partition. Outside a test's transaction (the creation takes the table's lock)."""
+    from django.db import connection
 
-        if is_partitioned(connection):
-            day = kwargs.get("sweep_after") or kwargs["expires_at"]
-            partitions.ensure(connection, day.astimezone(dt.UTC).date())
-        return super()._create(model_class, *args, **kwargs)
+    from django_idempotency.retention import partitions
+    from django_idempotency.store import clock
+    from django_idempotency.store.catalog import is_partitioned
+
+    if is_partitioned(connection):
+        end = clock.store_now(connection) + dt.timedelta(seconds=window)
+        partitions.ensure(connection, end.date())

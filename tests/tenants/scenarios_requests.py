@@ -3,8 +3,9 @@
 Run by tests/integration/test_tenants.py with tests/tenants/scenarios.py (see there).
 Every connection the app opens for a request (the heartbeat's, the lease extension's,
 the waiters', the test kit's threads) works in the request's schema, never in the
-``public`` schema a new django-tenants connection starts in; a claim finds and makes its
-day partition in its own schema; the public site without tables is refused clearly.
+``public`` schema a new django-tenants connection starts in; a claim finds its day
+partition, or the default partition, in its own schema; the public site without tables
+is refused clearly.
 """
 
 from __future__ import annotations
@@ -138,7 +139,10 @@ def _shadow_day_in_public(day: Any) -> str:
     return name
 
 
-def test_a_tenants_claim_makes_its_own_day_partition_beside_publics() -> None:
+def test_a_tenants_claim_of_a_day_without_a_partition_stays_in_its_own_schema() -> None:
+    """A tenant's claim of a day its schema has no partition for goes to its own
+    default partition, never to public's table of that day; creating the day in the
+    tenant's schema moves it there."""
     with travel(400 * 86400):  # a day no other scenario claims in
         probe = str(uuid.uuid4())
         assert order("beta", probe).status_code == 201
@@ -153,9 +157,12 @@ def test_a_tenants_claim_makes_its_own_day_partition_beside_publics() -> None:
                 cursor.execute(f'DROP TABLE public."{shadow}"')
 
     assert response.status_code == 201, response.content
-    assert _days_of("alpha", key) in _partition_days("alpha")
     (record,) = records("alpha", key)
     assert record.state == "completed"
+    assert _days_of("alpha", key) not in _partition_days("alpha")
+    with schema_context("alpha"):
+        assert partitions.ensure(connection, day) == 1
+    assert _days_of("alpha", key) in _partition_days("alpha")
 
 
 def test_the_public_site_without_tables_is_refused_as_a_misconfiguration(

@@ -81,13 +81,15 @@ class Command(BaseCommand):
             except UNAVAILABLE as exc:
                 raise CommandError(f"database {alias!r} unavailable: {exc}") from exc
         if failed:
-            raise CommandError("Some partitions could not be dropped; run the sweep again.")
+            raise CommandError(
+                "Some partitions could not be created or dropped; run the sweep again."
+            )
 
     def _loop(self, aliases: tuple[str, ...], dry_run: bool, interval: float) -> None:
         """Sweep each database every ``interval`` seconds until SIGTERM or Ctrl-C.
 
-        A partition that could not be dropped is reported and tried again by the next
-        sweep; an unavailable database is logged once and retried with backoff.
+        A partition that could not be created or dropped is reported and tried again by
+        the next sweep; an unavailable database is logged once and retried with backoff.
         """
         outages = {alias: Outage("idempotency sweep", alias, logger) for alias in aliases}
         due = dict.fromkeys(aliases, 0.0)  # time.monotonic() of each database's next sweep
@@ -115,7 +117,7 @@ class Command(BaseCommand):
     def _sweep(self, alias: str, dry_run: bool) -> bool:
         """Sweep one database (each of its tenant schemas) and report it.
 
-        Returns whether a partition could not be dropped.
+        Returns whether a partition could not be created or dropped.
         """
         failed = False
         for report in retention.sweep_all(alias, dry_run=dry_run):
@@ -123,7 +125,7 @@ class Command(BaseCommand):
         return failed
 
     def _report(self, report: retention.SweepReport) -> bool:
-        """Write one schema's report; whether a partition could not be dropped."""
+        """Write one schema's report; whether a partition could not be created or dropped."""
         where = f"database {report.database!r}"
         if report.schema is not None:
             where += f", schema {report.schema!r}"
@@ -147,13 +149,20 @@ class Command(BaseCommand):
         )
         for day in report.created:
             self.stdout.write(f"{verb('create', 'Created')} partition for {day:%Y-%m-%d}.")
+        if report.moved:
+            noun = ngettext("record", "records", report.moved)
+            self.stdout.write(
+                f"Moved {report.moved} {noun} from the default partition into their days."
+            )
         for partition in report.dropped:
             rows = "unknown" if partition.rows < 0 else f"~{partition.rows}"
             self.stdout.write(
                 f"{verb('drop', 'Dropped')} partition {partition.name} ({rows} rows)."
             )
         counts = (
-            [("record", "records", report.deleted_records)] if report.method == "delete" else []
+            [("record", "records", report.deleted_records)]
+            if report.method == "delete" or report.deleted_records
+            else []
         )
         counts.append(("sent outbox message", "sent outbox messages", report.deleted_outbox))
         for singular, plural, count in counts:
@@ -162,5 +171,5 @@ class Command(BaseCommand):
         for name in report.held:
             self.stdout.write(f"Kept partition {name}: a record in it is still live.")
         for error in report.errors:
-            self.stderr.write(f"Not dropped this time: {error}")
+            self.stderr.write(f"Not done this time: {error}")
         return bool(report.errors)

@@ -16,10 +16,11 @@ COMMITTED), then insert. Two server-side functions apply it:
   skip the second check.
 
 Partitions are named ``django_idempotency_record_pYYYYMMDD`` and hold one UTC day of
-``sweep_after`` (the day each record's own retention window ends). There is no default
-partition: ``django_idempotency_ensure_partition`` creates a missing day on demand (the
-claim calls it when its day is absent). ``django_idempotency_complete(...)`` is the
-fenced completion, on the plain and the partitioned table alike.
+``sweep_after`` (the day each record's own retention window ends); a record of a day
+that has no partition yet goes to the default partition, ``DEFAULT_PARTITION``, until
+the sweeper moves it into its day (``tables.create_day``). No claim runs DDL.
+``django_idempotency_complete(...)`` is the fenced completion, on the plain and the
+partitioned table alike.
 """
 
 from __future__ import annotations
@@ -31,9 +32,12 @@ from django_idempotency.store.sql import PRESENCE_SEED, TABLE
 PARTITION_PREFIX = f"{TABLE}_p"
 
 
+#: The default partition: the records of every day that has no partition of its own.
+DEFAULT_PARTITION = f"{TABLE}_default"
+
+
 #: First key of the two-integer advisory locks: the sweeper's lock (transaction-scoped) is
-#: ``(LOCK_NAMESPACE, 1)``; creating day ``d`` takes ``(LOCK_NAMESPACE + 1, d - 2000-01-01)``.
-#: (Scope locks use the one-bigint form, a separate key space.)
+#: ``(LOCK_NAMESPACE, 1)``. (Scope locks use the one-bigint form, a separate key space.)
 LOCK_NAMESPACE = 1768187245  # "idem"
 
 
@@ -85,61 +89,15 @@ _READ_COMMITTED_ONLY = """
 RECORD_FILLFACTOR = 75
 
 
-#: Storage parameters of a new partition: those of the newest partition, so that an
-#: operator's ``ALTER TABLE ... SET (...)`` on it carries forward, with
-#: :data:`RECORD_FILLFACTOR` unless it names a ``fillfactor`` of its own.
-_NEW_PARTITION_OPTIONS = f"""
-    SELECT c.reloptions INTO v_options FROM pg_inherits i
-    JOIN pg_class c ON c.oid = i.inhrelid
-    WHERE i.inhparent = v_parent
-      AND c.relname LIKE '{PARTITION_PREFIX.replace("_", "!_")}%' ESCAPE '!'
-    ORDER BY c.relname DESC LIMIT 1;
-    IF NOT EXISTS (SELECT 1 FROM unnest(v_options) o WHERE o LIKE 'fillfactor=%') THEN
-        v_options := coalesce(v_options, '{{}}') || 'fillfactor={RECORD_FILLFACTOR}'::text;
-    END IF;"""
-
-
-ENSURE_PARTITION_FUNCTION = f"""
-CREATE OR REPLACE FUNCTION django_idempotency_ensure_partition(p_day date)
-RETURNS boolean LANGUAGE plpgsql VOLATILE AS $fn$
-DECLARE
-    v_parent regclass := '{TABLE}'::regclass;
-    v_schema name;
-    v_name name := '{PARTITION_PREFIX}' || to_char(p_day, 'YYYYMMDD');
-    v_options text[];
-BEGIN
-    -- One creator per day at a time; held until this transaction ends.
-    PERFORM pg_advisory_xact_lock({LOCK_NAMESPACE + 1}, p_day - DATE '2000-01-01');
-    IF EXISTS (SELECT 1 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-               WHERE i.inhparent = v_parent AND c.relname = v_name) THEN
-        RETURN false;
-    END IF;
-    SELECT n.nspname INTO v_schema FROM pg_class c
-    JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = v_parent;{_NEW_PARTITION_OPTIONS}
-    -- CREATE + ATTACH takes SHARE UPDATE EXCLUSIVE on the parent, which claims and
-    -- updates (ROW EXCLUSIVE) do not wait for; CREATE ... PARTITION OF would take
-    -- ACCESS EXCLUSIVE.
-    EXECUTE format('CREATE TABLE %I.%I (LIKE %s INCLUDING DEFAULTS INCLUDING CONSTRAINTS) '
-                   'WITH (%s)', v_schema, v_name, v_parent, array_to_string(v_options, ', '));
-    EXECUTE format('ALTER TABLE %s ATTACH PARTITION %I.%I FOR VALUES FROM (%L) TO (%L)',
-                   v_parent, v_schema, v_name,
-                   p_day::timestamp AT TIME ZONE 'UTC',
-                   (p_day + 1)::timestamp AT TIME ZONE 'UTC');
-    RETURN true;
-END
-$fn$;
-"""
-
-
-#: The claim: one statement, one round trip (``PG_PARTITIONED_CLAIM_SQL`` calls it).
-#: Every timestamp is taken after the scope lock (and any partition creation) was
-#: granted, so a claim that waited never starts with a spent lease. ``p_take``: this
-#: session may hold the record's presence lock (a direct connection); the new owner then
-#: holds it (``present``) and its pid is stored in ``owner_pid``. ``p_test``: a claimed
-#: record with a live lease whose owner's session held the lock is taken over at once
-#: when the lock is free (that session is gone; ``by_presence``;
-#: docs/robustness.md#owner-presence). ``p_async_commit``: the claim is its own
-#: transaction, whose COMMIT need not wait for the WAL flush.
+#: The claim: one statement, one round trip (``PG_PARTITIONED_CLAIM_SQL`` calls it). It
+#: only inserts: a day without a partition of its own lands in the default partition. Every
+#: timestamp is taken after the scope lock was granted, so a claim that waited never starts
+#: with a spent lease. ``p_take``: this session may hold the record's presence lock (a
+#: direct connection); the new owner then holds it (``present``) and its pid is stored in
+#: ``owner_pid``. ``p_test``: a claimed record with a live lease whose owner's session held
+#: the lock is taken over at once when the lock is free (that session is gone;
+#: ``by_presence``; docs/robustness.md#owner-presence). ``p_async_commit``: the claim is
+#: its own transaction, whose COMMIT need not wait for the WAL flush.
 CLAIM_FUNCTION = f"""
 CREATE OR REPLACE FUNCTION django_idempotency_claim(
     p_principal varchar, p_endpoint varchar, p_key varchar, p_fingerprint varchar,
@@ -156,11 +114,9 @@ CREATE OR REPLACE FUNCTION django_idempotency_claim(
 DECLARE
     v_now timestamptz;
     v_expires timestamptz;
-    v_day date;
     v_row {TABLE}%ROWTYPE;
     v_id bigint;
     v_pid integer;
-    v_schema oid;
     v_presence bigint := {_PRESENCE_LOCK_KEY};
 BEGIN{_READ_COMMITTED_ONLY}
     IF p_async_commit THEN
@@ -221,19 +177,8 @@ BEGIN{_READ_COMMITTED_ONLY}
             RETURN;  -- changed since the lookup (takeover, heartbeat): caller re-reads
         END IF;
     END IF;
-    -- 3. Insert into the partition of the day the window ends, looked up in the schema
-    -- of the record table this statement uses: a partition of that day in another
-    -- schema of the search_path (public's, for a tenant's claim) is not this table's.
-    SELECT c.relnamespace INTO v_schema FROM pg_class c WHERE c.oid = '{TABLE}'::regclass;
-    LOOP
-        v_expires := v_now + GREATEST(p_retention, p_lease) * interval '1 second';
-        v_day := (v_expires AT TIME ZONE 'UTC')::date;
-        EXIT WHEN EXISTS (
-            SELECT 1 FROM pg_class c WHERE c.relnamespace = v_schema
-              AND c.relname = '{PARTITION_PREFIX}' || to_char(v_day, 'YYYYMMDD'));
-        PERFORM django_idempotency_ensure_partition(v_day);
-        v_now := clock_timestamp() + p_clock_offset * interval '1 second';
-    END LOOP;
+    -- 3. Insert (into the day partition the window ends in, or the default partition).
+    v_expires := v_now + GREATEST(p_retention, p_lease) * interval '1 second';
     -- The presence lock, transaction-level first: it goes with this transaction if
     -- anything below fails; the session-level hold is taken once the row is in.
     v_pid := CASE WHEN p_take AND pg_try_advisory_xact_lock(v_presence)
@@ -351,6 +296,5 @@ DROP_PARTITION_FUNCTIONS = [
     "DROP FUNCTION IF EXISTS django_idempotency_claim("
     "varchar, varchar, varchar, varchar, uuid, float8, float8, float8, boolean, boolean, "
     "boolean, varchar)",
-    "DROP FUNCTION IF EXISTS django_idempotency_ensure_partition(date)",
     "DROP FUNCTION IF EXISTS django_idempotency_record_scope_unique()",
 ]

@@ -1,4 +1,4 @@
-"""What the initial migration does to the record table on PostgreSQL (docs/retention.md).
+"""What the initial migration does to the record table on PostgreSQL, and its days.
 
 :func:`install` creates the fenced completion's function and, unless
 ``PARTITION_RECORDS`` is ``False`` (or the server is older than PostgreSQL 14),
@@ -6,6 +6,13 @@ converts the plain table the migration created into the day-partitioned one
 (:func:`to_partitioned`); :func:`uninstall` reverses it. The conversions run in the
 caller's transaction: all or nothing. The test suite uses them to run every store test
 on both kinds of table.
+
+The partitioned table has a default partition (``DEFAULT_PARTITION``) beside its day
+partitions: a claim of a day that has no partition lands there, so no claim runs DDL.
+:func:`create_day` creates a day (the migration, the sweeper) under the table's
+ACCESS EXCLUSIVE lock (:func:`lock_table`), moving that day's rows out of the default
+partition, so that no session ever inserts with a map of partitions that lacks it
+(docs/retention.md).
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import math
 import warnings
 from typing import Any
 
+from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from django_idempotency.conf import conf
@@ -23,30 +31,40 @@ from django_idempotency.store.schema.functions import (
     CLAIM_FUNCTION,
     COMPLETE_FUNCTION,
     COMPLETE_SIGNATURE,
+    DEFAULT_PARTITION,
     DROP_PARTITION_FUNCTIONS,
-    ENSURE_PARTITION_FUNCTION,
+    PARTITION_PREFIX,
     RECORD_FILLFACTOR,
     SCOPE_TRIGGER,
     SCOPE_TRIGGER_FUNCTION,
 )
 from django_idempotency.store.sql import TABLE
 
-#: PostgreSQL 14 brought ``DETACH PARTITION ... CONCURRENTLY``; 13 BEFORE row triggers
-#: on partitioned tables. Older servers keep the plain table.
+#: The oldest server the partitioned table runs on (13 brought BEFORE row triggers on
+#: partitioned tables). Older servers keep the plain table.
 MIN_SERVER_VERSION = 140000
 _PLAIN_COPY = f"{TABLE}_unpartitioned"
 _PARTITIONED_COPY = f"{TABLE}_partitioned"
+
+
+def days_needed() -> int:
+    """Days after today a claim made now may end its window in (PostgreSQL).
+
+    The longest window (``MAX_RETENTION``, ``RETENTION``, the lease), in whole days.
+    """
+    window = max(conf.max_retention, conf.retention, conf.lease, 0.0)
+    return math.ceil(window / 86400.0)
 
 
 def days_ahead() -> int:
     """Days of partitions kept created after today (PostgreSQL).
 
     Enough for the window of a claim made now under ``MAX_RETENTION`` (and
-    ``RETENTION``, and the lease), plus ``PARTITIONS_AHEAD`` days: a claim then never
-    has to create its partition, which could queue behind a sweeper's detach.
+    ``RETENTION``, and the lease), plus ``PARTITIONS_AHEAD`` days: a claim then lands in
+    its own day's partition, not the default partition, even when the sweeper has not
+    run for ``PARTITIONS_AHEAD`` days.
     """
-    window = max(conf.max_retention, conf.retention, conf.lease, 0.0)
-    return math.ceil(window / 86400.0) + max(conf.partitions_ahead, 0)
+    return days_needed() + max(conf.partitions_ahead, 0)
 
 
 def install(connection: BaseDatabaseWrapper) -> None:
@@ -99,7 +117,7 @@ def uninstall(connection: BaseDatabaseWrapper) -> None:
 def install_functions(connection: BaseDatabaseWrapper) -> None:
     """Create (or replace) the server-side functions of the partitioned table."""
     with connection.cursor() as cursor:
-        for sql in (ENSURE_PARTITION_FUNCTION, CLAIM_FUNCTION, SCOPE_TRIGGER_FUNCTION):
+        for sql in (CLAIM_FUNCTION, SCOPE_TRIGGER_FUNCTION):
             cursor.execute(sql)
 
 
@@ -112,8 +130,8 @@ def to_partitioned(
     """Replace the plain record table by a day-partitioned one (the initial migration).
 
     Locks the table, renames it, creates the partitioned table with the same columns
-    and checks (partitioned by ``sweep_after``), creates the partitions of
-    ``days`` and of every day holding a copied row, copies the rows (with
+    and checks (partitioned by ``sweep_after``), its default partition and the
+    partitions of ``days`` and of every day holding a copied row, copies the rows (with
     ``keep_since``, only those whose partition key is at or after it: older rows are
     those the sweeper would drop), drops the old table and builds the indexes. Runs in
     the caller's transaction: all or nothing. Returns the number of rows copied.
@@ -130,12 +148,16 @@ def to_partitioned(
         )
         install_functions(connection)
         cursor.execute(
+            f"CREATE TABLE {DEFAULT_PARTITION} PARTITION OF {TABLE} DEFAULT "
+            f"WITH (fillfactor = {RECORD_FILLFACTOR})"
+        )
+        cursor.execute(
             f"SELECT DISTINCT ({key} AT TIME ZONE 'UTC')::date FROM {_PLAIN_COPY} {since}",
             since_params,
         )
         row_days = {day for (day,) in cursor.fetchall()}
         for day in sorted(row_days | set(days)):
-            cursor.execute("SELECT django_idempotency_ensure_partition(%s::date)", [day])
+            _create_day(connection, cursor, day)
         cursor.execute(f"INSERT INTO {TABLE} SELECT * FROM {_PLAIN_COPY} {since}", since_params)
         copied = int(cursor.rowcount)
         cursor.execute(
@@ -153,11 +175,128 @@ def to_partitioned(
         cursor.execute(SCOPE_TRIGGER)
         cursor.execute(
             f"COMMENT ON TABLE {TABLE} IS 'django-idempotency records, one partition per UTC "
-            f"day of {key}. Scope uniqueness: advisory lock + lookup in "
+            f"day of {key}, and a default partition for days without one (the sweeper "
+            "moves them into their day). Scope uniqueness: advisory lock + lookup in "
             "django_idempotency_claim() and the scope_unique trigger (docs/retention.md).'"
         )
     catalog.forget()
     return copied
+
+
+def lock_table(cursor: Any, lock_timeout: float | None) -> None:
+    """Take the record table's ACCESS EXCLUSIVE lock, held until the transaction ends.
+
+    No claim, completion or read of the table runs while it is held: each waits for
+    the lock (at most as long as the caller's transaction holds it). Creating or
+    dropping a partition under it leaves no session with a stale map of partitions.
+
+    Args:
+        cursor: a cursor of a PostgreSQL connection inside a transaction (``LOCK TABLE``
+            outside one fails).
+        lock_timeout: seconds to wait for the lock before giving up, set for this
+            statement only (``set_config(..., true)``; the caller's setting is restored
+            once the lock is held); ``None``: the caller's setting.
+
+    Raises:
+        django.db.OperationalError: the lock was not granted within ``lock_timeout``
+            (the transaction is aborted: roll it back, try later).
+    """
+    if lock_timeout is None:
+        cursor.execute(f"LOCK TABLE {TABLE} IN ACCESS EXCLUSIVE MODE")
+        return
+    cursor.execute("SELECT current_setting('lock_timeout')")
+    (previous,) = cursor.fetchone()
+    milliseconds = max(int(lock_timeout * 1000), 1)
+    cursor.execute("SELECT set_config('lock_timeout', %s, true)", [f"{milliseconds}ms"])
+    cursor.execute(f"LOCK TABLE {TABLE} IN ACCESS EXCLUSIVE MODE")
+    cursor.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
+
+
+def create_day(
+    connection: BaseDatabaseWrapper, day: dt.date, lock_timeout: float | None = None
+) -> int | None:
+    """Create ``day``'s partition unless it exists; move its rows out of the default.
+
+    In one transaction (a savepoint inside the caller's) holding the record table's
+    ACCESS EXCLUSIVE lock (:func:`lock_table`): creates the day's table with the newest
+    partition's storage parameters (``RECORD_FILLFACTOR`` unless they name a
+    ``fillfactor``), moves the default partition's rows of that day into it and
+    attaches it; a table of that name left unattached is attached (with the default's
+    rows of the day). Claims of the table wait while it runs: the time to move the
+    day's rows and to check the default partition holds none of that day.
+
+    Args:
+        connection: a PostgreSQL connection whose record table is partitioned.
+        day: the UTC day of ``sweep_after`` the partition holds.
+        lock_timeout: seconds to wait for the table's lock (``None``: the connection's
+            ``lock_timeout``, by default no limit).
+
+    Returns:
+        The number of rows moved from the default partition, or ``None`` when the day's
+        partition was attached already (nothing changed).
+
+    Raises:
+        django.db.OperationalError: the lock was not granted within ``lock_timeout``.
+    """
+    with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
+        lock_table(cursor, lock_timeout)
+        return _create_day(connection, cursor, day)
+
+
+#: What :func:`_create_day` reads: the record table's schema, whether the day is
+#: attached, whether a table of its name exists, the default partition, and the
+#: newest day partition's storage parameters.
+_DAY_FACTS_SQL = f"""
+SELECT n.nspname,
+       EXISTS (SELECT 1 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+               WHERE i.inhparent = p.oid AND c.relname = %(name)s),
+       EXISTS (SELECT 1 FROM pg_class c
+               WHERE c.relnamespace = p.relnamespace AND c.relname = %(name)s),
+       (SELECT c.relname FROM pg_class c WHERE c.oid = pt.partdefid),
+       (SELECT c.reloptions FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+        WHERE i.inhparent = p.oid AND c.relname LIKE %(prefix)s
+        ORDER BY c.relname DESC LIMIT 1)
+FROM pg_class p JOIN pg_namespace n ON n.oid = p.relnamespace
+LEFT JOIN pg_partitioned_table pt ON pt.partrelid = p.oid
+WHERE p.oid = to_regclass('{TABLE}')
+"""
+
+
+def _create_day(connection: BaseDatabaseWrapper, cursor: Any, day: dt.date) -> int | None:
+    """:func:`create_day`'s work, the table's ACCESS EXCLUSIVE lock already held."""
+    quote = connection.ops.quote_name
+    name = f"{PARTITION_PREFIX}{day:%Y%m%d}"
+    cursor.execute(
+        _DAY_FACTS_SQL, {"name": name, "prefix": PARTITION_PREFIX.replace("_", r"\_") + "%"}
+    )
+    schema, attached, present, default, options = cursor.fetchone()
+    if attached:
+        return None
+    parent = f"{quote(schema)}.{quote(TABLE)}"
+    table = f"{quote(schema)}.{quote(name)}"
+    if not present:
+        options = list(options or [])
+        if not any(option.startswith("fillfactor=") for option in options):
+            options.append(f"fillfactor={RECORD_FILLFACTOR}")
+        cursor.execute(
+            f"CREATE TABLE {table} (LIKE {parent} INCLUDING DEFAULTS INCLUDING CONSTRAINTS) "
+            f"WITH ({', '.join(options)})"
+        )
+    start = dt.datetime.combine(day, dt.time(), tzinfo=dt.UTC)
+    bounds = [start, start + dt.timedelta(days=1)]
+    moved = 0
+    if default is not None:
+        cursor.execute(
+            f"WITH moved AS (DELETE FROM {quote(schema)}.{quote(default)} "
+            "WHERE sweep_after >= %s AND sweep_after < %s RETURNING *) "
+            f"INSERT INTO {table} SELECT * FROM moved",
+            bounds,
+        )
+        moved = int(cursor.rowcount)
+    cursor.execute(
+        f"ALTER TABLE {parent} ATTACH PARTITION {table} FOR VALUES FROM (%s) TO (%s)", bounds
+    )
+    return moved
 
 
 def to_plain(connection: BaseDatabaseWrapper, schema_editor: Any, model: Any) -> int:
