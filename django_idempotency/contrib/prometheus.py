@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 from django.db import DatabaseError, connections
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
@@ -109,7 +110,64 @@ class PrometheusSink:
             self.registry.unregister(instrument)
 
 
-class OutboxCollector(Collector):
+class _StatsCollector(Collector):
+    """Gauges read from the database at scrape time: one statistics read per scrape.
+
+    Subclasses name their gauges (``_ROWS``: metric name, help, field of the
+    statistics), how to read the statistics and which database they read.
+    """
+
+    _ROWS: tuple[tuple[str, str, str], ...] = ()
+    _WHAT = ""
+
+    def __init__(
+        self,
+        using: str | None = None,
+        namespace: str = NAMESPACE,
+        *,
+        close_connection: bool = False,
+    ) -> None:
+        self.using = using
+        self.prefix = f"{namespace}_" if namespace else ""
+        self.close_connection = close_connection
+
+    def _read(self) -> Any:
+        raise NotImplementedError
+
+    def _database(self) -> str:
+        raise NotImplementedError
+
+    def _families(self, stats: Any) -> list[GaugeMetricFamily]:
+        families = []
+        for name, doc, field in self._ROWS:
+            value = None if stats is None else getattr(stats, field)
+            families.append(
+                GaugeMetricFamily(
+                    self.prefix + name, doc, value=None if value is None else float(value)
+                )
+            )
+        return families
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        """The gauges' names, without touching the database (registration)."""
+        return iter(self._families(None))
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        """Read the statistics and yield the gauges (none if the database failed)."""
+        try:
+            stats = self._read()
+        except DatabaseError:
+            logger.warning("%s gauges skipped: the database failed", self._WHAT, exc_info=True)
+            return iter(())
+        finally:
+            if self.close_connection:
+                connection = connections[self.using or self._database()]
+                if not connection.in_atomic_block:
+                    connection.close()
+        return iter(self._families(stats))
+
+
+class OutboxCollector(_StatsCollector):
     """Outbox gauges computed at scrape time by ``metrics.outbox_stats``.
 
     Gauges (with the namespace prefix): ``outbox_pending_messages``,
@@ -126,55 +184,27 @@ class OutboxCollector(Collector):
             connection is left open per scrape thread.
     """
 
-    def __init__(
-        self,
-        using: str | None = None,
-        namespace: str = NAMESPACE,
-        *,
-        close_connection: bool = False,
-    ) -> None:
-        self.using = using
-        self.prefix = f"{namespace}_" if namespace else ""
-        self.close_connection = close_connection
+    _WHAT = "outbox"
+    _ROWS = (
+        ("outbox_pending_messages", "Outbox messages not yet delivered.", "pending"),
+        ("outbox_due_messages", "Pending outbox messages due now (relay backlog).", "due"),
+        ("outbox_dead_messages", "Dead-lettered outbox messages.", "dead"),
+        ("outbox_lag_seconds", "Seconds the oldest due message has waited.", "lag"),
+        (
+            "outbox_oldest_pending_age_seconds",
+            "Seconds since the oldest pending message was enqueued.",
+            "oldest_pending_age",
+        ),
+    )
 
-    def _families(self, stats: metrics.OutboxStats | None) -> list[GaugeMetricFamily]:
-        rows = [
-            ("outbox_pending_messages", "Outbox messages not yet delivered.", "pending"),
-            ("outbox_due_messages", "Pending outbox messages due now (relay backlog).", "due"),
-            ("outbox_dead_messages", "Dead-lettered outbox messages.", "dead"),
-            ("outbox_lag_seconds", "Seconds the oldest due message has waited.", "lag"),
-            (
-                "outbox_oldest_pending_age_seconds",
-                "Seconds since the oldest pending message was enqueued.",
-                "oldest_pending_age",
-            ),
-        ]
-        families = []
-        for name, doc, field in rows:
-            value = None if stats is None else float(getattr(stats, field))
-            families.append(GaugeMetricFamily(self.prefix + name, doc, value=value))
-        return families
+    def _read(self) -> metrics.OutboxStats:
+        return metrics.outbox_stats(self.using)
 
-    def describe(self) -> Iterator[GaugeMetricFamily]:
-        """The gauges' names, without touching the database (registration)."""
-        return iter(self._families(None))
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        """Query the outbox and yield the gauges (none if the database failed)."""
-        try:
-            stats = metrics.outbox_stats(self.using)
-        except DatabaseError:
-            logger.warning("outbox gauges skipped: the database failed", exc_info=True)
-            return iter(())
-        finally:
-            if self.close_connection:
-                connection = connections[self.using or outbox_database()]
-                if not connection.in_atomic_block:
-                    connection.close()
-        return iter(self._families(stats))
+    def _database(self) -> str:
+        return outbox_database()
 
 
-class PartitionCollector(Collector):
+class PartitionCollector(_StatsCollector):
     """Gauges of the day-partitioned record table, computed at scrape time.
 
     ``partition_days_ahead`` (days after today with a partition of their own) and
@@ -189,54 +219,25 @@ class PartitionCollector(Collector):
         close_connection: as for :class:`OutboxCollector`.
     """
 
-    def __init__(
-        self,
-        using: str | None = None,
-        namespace: str = NAMESPACE,
-        *,
-        close_connection: bool = False,
-    ) -> None:
-        self.using = using
-        self.prefix = f"{namespace}_" if namespace else ""
-        self.close_connection = close_connection
+    _WHAT = "partition"
+    _ROWS = (
+        (
+            "partition_days_ahead",
+            "Days after today with a record partition of their own.",
+            "days_ahead",
+        ),
+        (
+            "default_partition_rows",
+            "Records waiting in the default partition (counted up to 1000).",
+            "default_rows",
+        ),
+    )
 
-    def _families(self, stats: metrics.PartitionStats | None) -> list[GaugeMetricFamily]:
-        rows = [
-            (
-                "partition_days_ahead",
-                "Days after today with a record partition of their own.",
-                "days_ahead",
-            ),
-            (
-                "default_partition_rows",
-                "Records waiting in the default partition (counted up to 1000).",
-                "default_rows",
-            ),
-        ]
-        return [
-            GaugeMetricFamily(
-                self.prefix + name, doc, value=None if stats is None else getattr(stats, field)
-            )
-            for name, doc, field in rows
-        ]
+    def _read(self) -> metrics.PartitionStats | None:
+        return metrics.partition_stats(self.using)
 
-    def describe(self) -> Iterator[GaugeMetricFamily]:
-        """The gauges' names, without touching the database (registration)."""
-        return iter(self._families(None))
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        """Read the partitions and yield the gauges (no series if not partitioned)."""
-        try:
-            stats = metrics.partition_stats(self.using)
-        except DatabaseError:
-            logger.warning("partition gauges skipped: the database failed", exc_info=True)
-            return iter(())
-        finally:
-            if self.close_connection:
-                connection = connections[self.using or record_database()]
-                if not connection.in_atomic_block:
-                    connection.close()
-        return iter(self._families(stats))
+    def _database(self) -> str:
+        return record_database()
 
 
 _installed: dict[int, tuple[PrometheusSink, list[Collector]]] = {}

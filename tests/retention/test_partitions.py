@@ -27,7 +27,7 @@ from django_idempotency.store.catalog import forget, is_partitioned
 from django_idempotency.store.schema.functions import DEFAULT_PARTITION, SWEEP_LOCK
 from django_idempotency.store.sql import PG_PARTITIONED_CLAIM_SQL
 from tests.support.concurrency import Runner
-from tests.support.factories import IdempotencyRecordFactory
+from tests.support.factories import IdempotencyRecordFactory, partition_of
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -81,15 +81,6 @@ def raw_claim(sc: store.Scope, fp: str, offset: float, *, lease: float = 30) -> 
         cursor.execute(PG_PARTITIONED_CLAIM_SQL, params)
         row = cursor.fetchone()
         return dict(zip([c.name for c in cursor.description], row, strict=True)) if row else {}
-
-
-def partition_of(record_id: int) -> str:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT tableoid::regclass::text FROM django_idempotency_record WHERE id = %s",
-            [record_id],
-        )
-        return cursor.fetchone()[0]
 
 
 def day_of(offset: float = 0.0) -> dt.date:

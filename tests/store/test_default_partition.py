@@ -25,6 +25,7 @@ from django_idempotency.store.catalog import is_partitioned
 from django_idempotency.store.schema import tables
 from django_idempotency.store.schema.functions import DEFAULT_PARTITION
 from tests.support.concurrency import Runner
+from tests.support.factories import partition_of
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -49,15 +50,6 @@ def claim(sc: store.Scope) -> store.Claim | store.Existing:
 def window_day(offset: float) -> dt.date:
     """The day a claim made ``offset`` seconds from now ends its window in."""
     return (clock.store_now(connection) + dt.timedelta(seconds=offset + DAY)).date()
-
-
-def partition_of(record_id: int) -> str:
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT tableoid::regclass::text FROM django_idempotency_record WHERE id = %s",
-            [record_id],
-        )
-        return cursor.fetchone()[0]
 
 
 def partition_tables() -> set[str]:

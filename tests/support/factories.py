@@ -55,3 +55,15 @@ def create_window_day(window: float) -> None:
     if is_partitioned(connection):
         end = clock.store_now(connection) + dt.timedelta(seconds=window)
         partitions.ensure(connection, end.date())
+
+
+def partition_of(record_id: int) -> str:
+    """The table (a day partition, or the default partition) that holds record ``record_id``."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT tableoid::regclass::text FROM django_idempotency_record WHERE id = %s",
+            [record_id],
+        )
+        return cursor.fetchone()[0]
