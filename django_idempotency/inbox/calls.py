@@ -249,13 +249,14 @@ class _Doomed(Exception):
 
 def _existing(scope: store.Scope, fp: str, found: store.Existing) -> Attempt:
     """The attempt of a call whose key stands claimed or completed (or an error)."""
-    if found.fingerprint != fp:
+    verdict = store.judge(found, fp)
+    if verdict is store.Verdict.MISMATCH:
         signals.mismatched.send(scope.endpoint, **scope_fields(scope))
         raise KeyReused(
             f"{scope.endpoint}: this idempotency key was already used with a different "
             "payload; use a new key for new work"
         )
-    if found.response is None:
+    if verdict is store.Verdict.IN_FLIGHT or found.response is None:
         signals.in_flight.send(scope.endpoint, **scope_fields(scope))
         raise InFlight(scope.endpoint, found.lease_remaining)
     signals.replayed.send(

@@ -113,22 +113,25 @@ def decide(
                 store.abandon(result)  # nothing ran: the key is free for a retry at once
                 raise
             return Proceed(result, options, view_name)
-        if not fp.matches(result.fingerprint):
+        verdict = store.judge(result, fp.value)
+        if verdict is store.Verdict.MISMATCH:
             signals.mismatched.send(scope.endpoint, **signal_kwargs)
             return _reused(options, differing_parts(result.fingerprint, fp.value))
-        if result.response is not None:
+        if verdict is store.Verdict.REPLAY:
+            stored = result.response
+            assert stored is not None  # a completed record holds its response
             signals.replayed.send(
                 scope.endpoint,
-                status=result.response.status,
+                status=stored.status,
                 age=result.age,
                 window=result.window,
                 near_window_end=signals.replay_near_window_end(result.age, result.window),
                 **signal_kwargs,
             )
             policy = HeaderPolicy.current(options.get_replay_headers())
-            if not result.response.replayable:
-                return Respond(_too_large_to_replay(result.response, policy))
-            return Respond(build(result.response, replayed=True, policy=policy))
+            if not stored.replayable:
+                return Respond(_too_large_to_replay(stored, policy))
+            return Respond(build(stored, replayed=True, policy=policy))
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             signals.in_flight.send(scope.endpoint, **signal_kwargs)

@@ -30,7 +30,7 @@ import hashlib
 import json
 from collections.abc import Iterable, Sequence
 
-from django_idempotency.store.fingerprints import PREFIX, SEPARATOR, same_request
+from django_idempotency.store.fingerprints import PREFIX, SEPARATOR
 
 #: The parts of a fingerprint, in the order of their tags.
 PARTS = ("method", "path", "query", "headers", "body")
@@ -66,14 +66,6 @@ class Fingerprint:
 
     def __repr__(self) -> str:
         return f"Fingerprint({self.value!r})"
-
-    def matches(self, stored: str) -> bool:
-        """Whether ``stored`` (a record's fingerprint) is this request's.
-
-        Equal, or the same request byte for byte under another configuration of the
-        fingerprint (``store.fingerprints.same_request``).
-        """
-        return same_request(stored, self.value)
 
 
 def seal(

@@ -4,7 +4,8 @@ One contract, used by the protocol (views), the inbox and the operators' tools a
 
 * :func:`claim` a scope (principal, endpoint, key) for a request with a fingerprint:
   a :class:`Claim` when the request owns the key, or the :class:`Existing` record that
-  stands (``store.claims``);
+  stands, which :func:`judge` (the one judge of a record) finds a replay, a mismatch
+  or in flight (``store.claims``; the statements per store kind: ``store.records``);
 * settle the claim: :func:`complete` it with the response, fenced by the owner token,
   inside the view's transaction; :func:`release` it (or :func:`abandon` it before the
   view ran); :func:`advance` its recovery point (a phase), :func:`suspend` it (a phase
@@ -31,7 +32,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from django_idempotency.store.claims import claim
+    from django_idempotency.store.claims import Verdict, claim, judge
     from django_idempotency.store.isolation import own_transaction, stricter_than_read_committed
     from django_idempotency.store.operators import end_leases, forget_responses, peek
     from django_idempotency.store.rows import fetch
@@ -65,6 +66,7 @@ __all__ = [
     "Headers",
     "Scope",
     "StoredResponse",
+    "Verdict",
     "abandon",
     "advance",
     "claim",
@@ -75,6 +77,7 @@ __all__ = [
     "extend",
     "fetch",
     "forget_responses",
+    "judge",
     "own_transaction",
     "peek",
     "release",
@@ -85,6 +88,8 @@ __all__ = [
 #: The module of each name of the contract.
 _HOMES = {
     "claim": "claims",
+    "judge": "claims",
+    "Verdict": "claims",
     "own_transaction": "isolation",
     "stricter_than_read_committed": "isolation",
     "end_leases": "operators",

@@ -1,4 +1,4 @@
-"""When a stored fingerprint and a request's are the same request: the rule, in Python and SQL.
+"""When a stored fingerprint and a request's are the same request.
 
 A request fingerprint (``protocol.digests``) is ``fp3:`` and four segments joined by
 ``.``, each the unpadded base64url form of some bytes:
@@ -23,8 +23,8 @@ A record matches a request (:func:`same_request`) when
 So a change of the fingerprint settings never turns a byte-identical retry into a 422,
 while a request with another body, or (under the same header names) other header
 values, still gets one. Any other stored value (a payload fingerprint of ``inbox``, 64
-hex characters) matches only itself. The claim's takeover on PostgreSQL applies the same
-rule in SQL (:func:`same_request_sql`).
+hex characters) matches only itself. ``store.claims.judge`` applies the rule, in Python
+only.
 """
 
 from __future__ import annotations
@@ -64,28 +64,4 @@ def same_request(stored: str, value: str) -> bool:
         first[0][:WHOLE_CHARS] == second[0][:WHOLE_CHARS]
         or first[2] == second[2]
         or (first[3] != second[3] and first[1] == second[1])
-    )
-
-
-def same_request_sql(stored: str, value: str) -> str:
-    """:func:`same_request` as a PostgreSQL boolean expression.
-
-    Args:
-        stored: SQL of the record's fingerprint (a column, ``r.fingerprint``).
-        value: SQL of the request's (a parameter or a plpgsql variable).
-
-    Returns:
-        The expression; it holds no ``%`` (safe inside a statement with parameters).
-    """
-    prefix_chars = len(PREFIX) + WHOLE_CHARS
-
-    def part(sql: str, number: int) -> str:
-        return f"split_part({sql}, '{SEPARATOR}', {number})"
-
-    return (
-        f"({stored} = {value} OR (left({stored}, {len(PREFIX)}) = '{PREFIX}' "
-        f"AND left({value}, {len(PREFIX)}) = '{PREFIX}' "
-        f"AND (left({stored}, {prefix_chars}) = left({value}, {prefix_chars}) "
-        f"OR {part(stored, 3)} = {part(value, 3)} "
-        f"OR ({part(stored, 4)} <> {part(value, 4)} AND {part(stored, 2)} = {part(value, 2)}))))"
     )

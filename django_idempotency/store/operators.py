@@ -24,7 +24,7 @@ from django.db.models.expressions import RawSQL
 from django_idempotency.logs import key_hash
 from django_idempotency.models import IdempotencyRecord, RecordState
 from django_idempotency.store import clock
-from django_idempotency.store.fingerprints import same_request
+from django_idempotency.store.claims import Verdict, judge
 from django_idempotency.store.routing import record_database
 from django_idempotency.store.rows import fetch, now_value
 from django_idempotency.store.sql import TABLE, presence_key
@@ -126,24 +126,16 @@ def peek(scope: Scope, fingerprint: str, *, using: str | None = None) -> Existin
     ``Accept``) but may still be answered from the record: a replay, a 422 or a 409.
 
     Returns:
-        The :class:`Existing` record that stands (completed inside its window, or
-        claimed with a live lease, or claimed by a request with another fingerprint);
-        ``None`` when a claim would own the key (no record, a record past its window,
-        or an expired lease with the same fingerprint that would be taken over).
+        The :class:`Existing` record that stands (``claims.judge`` finds it a replay,
+        a mismatch or in flight); ``None`` when a claim would own the key (no record,
+        a record to reuse or to take over). It does not test the owner's presence: a
+        claim whose owner is gone but whose lease is live is in flight here.
 
     Raises:
         django.db.DatabaseError: the database failed.
     """
     existing = fetch(scope, using=using)
-    if existing is None:
-        return None
-    if existing.expired and (existing.completed or existing.lease_remaining <= 0):
-        return None
-    if (
-        not existing.completed
-        and existing.lease_remaining <= 0
-        and same_request(existing.fingerprint, fingerprint)
-    ):
+    if existing is None or judge(existing, fingerprint) in (Verdict.REUSE, Verdict.TAKE_OVER):
         return None
     return existing
 

@@ -5,8 +5,9 @@ takes a session-level advisory lock keyed by the record's scope, in the claim's 
 statement, and records the session's backend pid in ``owner_pid``. The lock is
 released in the statement that completes or releases the claim. PostgreSQL releases
 it by itself when the session ends, so a duplicate that finds the record claimed with
-a live lease, ``owner_pid`` set and the lock free knows the owner is gone and takes the
-claim over at once (in its claim statement: no extra round trip). A live owner holds
+a live lease, ``owner_pid`` set and the lock free knows the owner is gone (its claim
+statement reports it: ``sql.owner_gone``) and takes the claim over at once, with one
+conditional statement fenced by the owner token it read. A live owner holds
 the lock however slow it is (stopped, paused, waiting on a downstream call), so it is
 never taken over early: the lease decides, as without presence.
 

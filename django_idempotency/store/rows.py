@@ -68,6 +68,7 @@ def existing_from_row(row: dict[str, Any]) -> Existing:
         owner_token=row["owner_token"],
         recovery_point=row["recovery_point"] or "",
         owner_pid=row.get("owner_pid"),
+        owner_gone=bool(row.get("owner_gone")),
         ended_by_operator=bool(row.get("ended_by_operator")),
         age=_seconds(row.get("age_seconds")),
         window=_seconds(row.get("window_seconds")),

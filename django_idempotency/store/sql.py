@@ -7,7 +7,6 @@ statement takes it as ``%(clock_offset)s`` seconds.
 from __future__ import annotations
 
 from django_idempotency.store import clock
-from django_idempotency.store.fingerprints import same_request_sql
 
 _NOW = "(statement_timestamp() + %(clock_offset)s * interval '1 second')"
 #: The record table (``IdempotencyRecord``'s ``db_table``), named here once for every
@@ -50,26 +49,41 @@ _ASYNC_COMMIT = (
     "CASE WHEN %(async_commit)s THEN left(set_config('synchronous_commit', 'off', true), 0) "
     "ELSE '' END"
 )
-#: The record ``r`` and the claiming request are one request (``fingerprints``).
-_SAME_REQUEST = same_request_sql("r.fingerprint", "%(fingerprint)s::varchar")
 _HOLD = f"CASE WHEN owner_pid IS NOT NULL THEN pg_try_advisory_lock({_KEY}) ELSE false END"
+
+
+def owner_gone(prefix: str = "", *, test: str = "%(test)s", now: str = _NOW) -> str:
+    """SQL of the fact "the record's owner is gone": its presence lock is free.
+
+    True for a record claimed with a live lease whose owner's session held the
+    presence lock (``owner_pid``, another session than this one) when that lock can be
+    taken now: a live owner releases it only in the statement that completes or
+    releases the claim (which locks and changes the row: the takeover's fence and
+    ``SKIP LOCKED`` see that), so otherwise its session has ended
+    (docs/robustness.md#owner-presence). The test takes the lock at
+    transaction level, so a statement that finds the owner gone holds it until its
+    transaction ends. ``test``: SQL of whether this connection may test presence
+    (``presence.tests``); ``prefix``: the record's columns' (``""``, ``"v_row."``).
+    """
+    return (
+        f"CASE WHEN {test} AND {prefix}state = 'claimed' AND {prefix}lease_until > {now} "
+        f"AND {prefix}owner_pid IS NOT NULL AND {prefix}owner_pid <> pg_backend_pid() "
+        f"THEN pg_try_advisory_xact_lock({presence_key(prefix)}) ELSE false END"
+    )
+
 
 #: The claim: one statement, one round trip.
 #:
 #: The INSERT either creates the row, and the first SELECT returns it (``won``), or
-#: hits the unique constraint and does nothing. Then, when the row it collided with is
-#: claimed with a live lease by an owner whose session held its presence lock
-#: (``owner_pid``) and that lock is free now (``pg_try_advisory_xact_lock``: the owner's
-#: session is gone, since a live owner releases it only in its completion or release),
-#: the UPDATE ``taken`` takes the claim over with a new owner token (a presence
-#: takeover; the fence is unchanged). Otherwise the last SELECT returns the row, so a
-#: replay, a 409 or a 422 costs this one statement too. When the colliding row
-#: committed after this statement's snapshot was taken, no SELECT returns a row and the
-#: caller reads it with a plain SELECT. ``waited`` is how long the INSERT queued behind
-#: an uncommitted row with the same scope (one whose transaction then rolled back): the
-#: store stamps such a claim again (``PG_RESTAMP_SQL``), since its times were taken
-#: when the statement started. ``present``: the new owner's session holds the presence
-#: lock (the caller must release it).
+#: hits the unique constraint and does nothing; then the last SELECT returns the facts
+#: of the row that holds the key (``owner_gone``: :func:`owner_gone`), so a replay, a 409
+#: or a 422 costs this one statement too; ``store.claims.judge`` decides what they mean.
+#: When the colliding row committed after this statement's snapshot was taken, no
+#: SELECT returns a row and the caller asks again. ``waited`` is how long the INSERT
+#: queued behind an uncommitted row with the same scope (one whose transaction then
+#: rolled back): the store stamps such a claim again (``PG_RESTAMP_SQL``), since its
+#: times were taken when the statement started. ``present``: the new owner's session
+#: holds the presence lock (the caller must release it).
 PG_CLAIM_SQL = f"""
 WITH claimed AS (
     INSERT INTO {TABLE} (
@@ -84,19 +98,6 @@ WITH claimed AS (
     )
     ON CONFLICT (principal, endpoint, key) DO NOTHING
     RETURNING id, owner_pid
-),
-taken AS (
-    UPDATE {TABLE} r SET owner_token = %(token)s,
-        lease_until = {_NOW} + %(lease)s * interval '1 second',
-        expires_at = GREATEST(r.expires_at, {_NOW} + %(lease)s * interval '1 second'),
-        owner_pid = CASE WHEN %(take)s THEN pg_backend_pid() END
-    WHERE r.principal = %(principal)s AND r.endpoint = %(endpoint)s AND r.key = %(key)s
-      AND %(test)s AND NOT EXISTS (SELECT 1 FROM claimed)
-      AND r.state = 'claimed' AND {_SAME_REQUEST}
-      AND r.lease_until > {_NOW} AND r.owner_pid IS NOT NULL
-      AND r.owner_pid <> pg_backend_pid()
-      AND pg_try_advisory_xact_lock({_KEY})
-    RETURNING r.id, r.recovery_point, r.owner_pid
 )
 SELECT true AS won, id, NULL::uuid AS owner_token, NULL::varchar AS state,
        NULL::varchar AS fingerprint, ''::varchar AS recovery_point,
@@ -104,21 +105,17 @@ SELECT true AS won, id, NULL::uuid AS owner_token, NULL::varchar AS state,
        NULL::int AS response_status, NULL::jsonb AS response_headers,
        NULL::bytea AS response_body,
        EXTRACT(EPOCH FROM clock_timestamp() - statement_timestamp())::float8 AS waited,
-       owner_pid, {_HOLD} AS present, false AS by_presence,
+       owner_pid, {_HOLD} AS present, false AS owner_gone, false AS ended_by_operator,
        NULL::float8 AS age_seconds, NULL::float8 AS window_seconds
 FROM claimed
-UNION ALL
-SELECT true, id, NULL, NULL, NULL, recovery_point, NULL, NULL, NULL, NULL, NULL, NULL,
-       owner_pid, {_HOLD}, true, NULL, NULL
-FROM taken
 UNION ALL
 SELECT false, id, owner_token, state, fingerprint, recovery_point,
        EXTRACT(EPOCH FROM lease_until - {_NOW})::float8, expires_at <= {_NOW},
        response_status, response_headers, response_body, NULL::float8,
-       owner_pid, false, false, {_AGE}, {_WINDOW}
+       owner_pid, false, {owner_gone()}, lease_until = created_at, {_AGE}, {_WINDOW}
 FROM {TABLE}
 WHERE principal = %(principal)s AND endpoint = %(endpoint)s AND key = %(key)s
-  AND NOT EXISTS (SELECT 1 FROM claimed) AND NOT EXISTS (SELECT 1 FROM taken)
+  AND NOT EXISTS (SELECT 1 FROM claimed)
 """
 
 #: Read one record with its lease and expiry judged by the database's clock.
@@ -214,19 +211,20 @@ UPDATE {TABLE} SET lease_until = {_NOW} + %(seconds)s * interval '1 second',
 WHERE id = %(id)s AND owner_token = %(token)s AND state = 'claimed'
 """
 
-#: Takeover of a claim whose lease ran out, if nobody changed it since it was read.
-#: The new owner takes the presence lock as a new claim does (``present``); a slow
-#: old owner that still holds it leaves the new claim without one (``owner_pid`` NULL).
-#: ``SKIP LOCKED``: a row locked by a stalled owner's open transaction (its completion
-#: or phase written, not yet committed) is never waited for; the caller answers 409.
-#: ``by_operator``: the lease had not run out but was ended by an operator
-#: (``operators.end_leases`` sets ``lease_until`` to ``created_at``, which no lease
-#: can be: leases are positive and heartbeats only move them later).
+#: Takeover of a claim whose lease ran out, or (``%(by_presence)s``) whose owner's
+#: session was found gone (:func:`owner_gone`: a session does not come back), if nobody
+#: changed it since it was read: the same owner token, state and recovery point. The
+#: new owner takes the presence lock as a new claim does (``present``); a contender
+#: testing it at that moment leaves the new claim without one (``owner_pid`` NULL: its
+#: lease alone decides). ``SKIP LOCKED``: a row locked by an owner's open transaction
+#: (its completion or phase written, not yet committed) is never waited for; the
+#: caller reads the record again.
 PG_TAKEOVER_SQL = f"""
 WITH stale AS (
-    SELECT id, lease_until = created_at AS by_operator FROM {TABLE}
+    SELECT id FROM {TABLE}
     WHERE id = %(id)s AND state = 'claimed' AND owner_token = %(token)s
-      AND recovery_point = %(recovery_point)s AND lease_until <= {_NOW}
+      AND recovery_point = %(recovery_point)s
+      AND (lease_until <= {_NOW} OR %(by_presence)s)
     FOR UPDATE SKIP LOCKED
 )
 UPDATE {TABLE} r SET owner_token = %(new_token)s,
@@ -237,8 +235,7 @@ UPDATE {TABLE} r SET owner_token = %(new_token)s,
 FROM stale
 WHERE r.id = stale.id
 RETURNING CASE WHEN r.owner_pid IS NOT NULL
-          THEN pg_try_advisory_lock({presence_key("r.")}) ELSE false END AS present,
-          stale.by_operator
+          THEN pg_try_advisory_lock({presence_key("r.")}) ELSE false END AS present
 """
 
 #: Forget a record past its window and its lease (the plain table), never waiting on
@@ -266,7 +263,8 @@ def pg_now() -> tuple[str, list[float]]:
 PG_PARTITIONED_CLAIM_SQL = """
 SELECT won, id, owner_token, state, fingerprint, recovery_point, lease_remaining,
        expired, response_status, response_headers, response_body, owner_pid, present,
-       by_presence, sweep_after AT TIME ZONE 'UTC' AS sweep_after, age_seconds, window_seconds
+       owner_gone, ended_by_operator, sweep_after AT TIME ZONE 'UTC' AS sweep_after,
+       age_seconds, window_seconds
 FROM django_idempotency_claim(
     %(principal)s::varchar, %(endpoint)s::varchar, %(key)s::varchar,
     %(fingerprint)s::varchar, %(token)s::uuid, %(lease)s::float8,

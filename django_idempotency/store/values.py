@@ -91,7 +91,9 @@ class Existing:
 
     ``lease_remaining`` is in seconds (negative once the lease ran out); ``expired``
     says the retention window is over; ``response`` is set once completed.
-    ``owner_pid`` is set when the owner's session holds the presence lock.
+    ``owner_pid`` is set when the owner's session held the presence lock when it
+    claimed; ``owner_gone``: that lock was free when the record was read, so the
+    owner's session has ended (PostgreSQL; ``False`` wherever presence is not tested).
     ``ended_by_operator``: an operator ended the claim's lease (``operators.end_leases``).
     ``age``: seconds since the record was claimed; ``window``: seconds from its claim to
     the end of its retention window (``None`` where unknown).
@@ -106,6 +108,7 @@ class Existing:
     owner_token: uuid.UUID | None = None
     recovery_point: str = ""
     owner_pid: int | None = None
+    owner_gone: bool = False
     ended_by_operator: bool = False
     age: float | None = None
     window: float | None = None

@@ -24,9 +24,7 @@ from django.db import connection, connections, transaction
 from django_idempotency import outbox, store, testing
 from django_idempotency.models import IdempotencyRecord, OutboxMessage, OutboxState
 from django_idempotency.outbox import relay
-from django_idempotency.store import claims as store_claims
-from django_idempotency.store import clock
-from django_idempotency.store.sql import PG_EXTEND_SQL
+from django_idempotency.store.records import record_store
 from tests.support.concurrency import Runner, token_client
 from tests.support.factories import TokenFactory
 from tests.support.testapp.gates import HOOKS
@@ -59,6 +57,18 @@ def in_thread(func: Any) -> Any:
     return result
 
 
+def before(monkeypatch: pytest.MonkeyPatch, method: str, hook: Any) -> None:
+    """Run ``hook()`` each time the record store's ``method`` is about to write."""
+    kind = type(record_store("default"))
+    real = getattr(kind, method)
+
+    def hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        hook()
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(kind, method, hooked)
+
+
 def owner_of(sc: store.Scope) -> uuid.UUID:
     return IdempotencyRecord.objects.get(key=sc.key).owner_token
 
@@ -71,13 +81,11 @@ def test_a_heartbeat_between_the_read_and_the_takeover_keeps_the_owner(record_ta
     contender's UPDATE. The database re-checks the lease: the live owner keeps the key."""
     sc = scope()
     owner = claim(sc)
-    real = store_claims._take_over
 
-    def heartbeat_first(*args: Any, **kwargs: Any) -> bool:
+    def heartbeat() -> None:
         assert in_thread(lambda: store.extend(owner, 600)) is True
-        return real(*args, **kwargs)
 
-    monkeypatch.setattr(store_claims, "_take_over", heartbeat_first)
+    before(monkeypatch, "take_over", heartbeat)
     with testing.travel(31):
         contender = claim(sc)
         assert isinstance(contender, store.Existing), contender
@@ -91,17 +99,15 @@ def test_a_contender_that_read_before_another_took_over_does_not_win(record_tabl
     read and its UPDATE. Exactly one wins; the loser sees the winner's live claim."""
     sc = scope()
     claim(sc)
-    real = store_claims._take_over
     started: list[bool] = []
     winner: list[Any] = []
 
-    def another_first(*args: Any, **kwargs: Any) -> bool:
+    def another() -> None:
         if not started:
             started.append(True)
             winner.append(in_thread(lambda: claim(sc)))
-        return real(*args, **kwargs)
 
-    monkeypatch.setattr(store_claims, "_take_over", another_first)
+    before(monkeypatch, "take_over", another)
     with testing.travel(31):
         loser = claim(sc)
     (first,) = winner
@@ -119,17 +125,15 @@ def test_a_phase_committed_after_the_read_is_resumed_after_by_the_takeover(
     the takeover must resume after that phase, never run it a second time."""
     sc = scope()
     owner = claim(sc)
-    real = store_claims._take_over
 
-    def phase_first(*args: Any, **kwargs: Any) -> bool:
+    def phase() -> None:
         def advance() -> None:
             with transaction.atomic():
                 store.advance(owner, "allocated")
 
         in_thread(advance)
-        return real(*args, **kwargs)
 
-    monkeypatch.setattr(store_claims, "_take_over", phase_first)
+    before(monkeypatch, "take_over", phase)
     with testing.travel(31):
         contender = claim(sc)
     assert isinstance(contender, store.Claim) and contender.taken_over
@@ -157,38 +161,6 @@ def test_a_record_past_its_window_is_not_replaced_while_its_lease_is_live(record
     assert IdempotencyRecord.objects.filter(key=sc.key).count() == 1
 
 
-def _heartbeat_holding_the_row(owner: store.Claim, locked: threading.Event, go: threading.Event):
-    """The owner's heartbeat in a transaction that holds the record's row lock until
-    ``go``: a statement that writes the row waits for it, then re-checks its WHERE."""
-
-    def run() -> None:
-        with transaction.atomic(), connection.cursor() as cursor:
-            params = {
-                "id": owner.record_id,
-                "token": owner.owner_token,
-                "seconds": 600,
-                "clock_offset": clock.offset(),
-            }
-            cursor.execute(PG_EXTEND_SQL, params)
-            assert cursor.rowcount == 1
-            locked.set()
-            assert go.wait(30)
-
-    return run
-
-
-def _waiting_on_a_lock(statement: str) -> bool:
-    from tests.support.faults import admin_connection
-
-    with admin_connection() as admin:
-        row = admin.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND wait_event_type = 'Lock' AND query ILIKE %s",
-            [f"%{statement}%"],
-        ).fetchone()
-    return bool(row and row[0])
-
-
 def test_a_heartbeat_after_the_read_keeps_an_expired_record_from_being_forgotten(
     record_table, monkeypatch
 ):
@@ -197,36 +169,14 @@ def test_a_heartbeat_after_the_read_keeps_an_expired_record_from_being_forgotten
     the lease and the running owner keeps its record."""
     sc = scope()
     owner = claim(sc, retention_s=60)
-    if record_table == "partitioned":
-        # The claim function reads and deletes in one statement: hold its delete on
-        # the row lock of the owner's (uncommitted) heartbeat, then commit that.
-        from tests.support.faults import wait_for
 
-        locked, go = threading.Event(), threading.Event()
-        with testing.travel(120):
-            heartbeat = Runner()
-            heartbeat.start(_heartbeat_holding_the_row(owner, locked, go))
-            assert locked.wait(30)
-            contender = Runner()
-            contender.start(lambda: claim(sc, retention_s=60))
-            try:
-                wait_for(lambda: _waiting_on_a_lock("django_idempotency_claim"))
-            finally:
-                go.set()
-            heartbeat.join(30)
-            (result,) = contender.join(30)
-            done(owner)
-    else:
-        real = store_claims._forget_expired
+    def heartbeat() -> None:
+        assert in_thread(lambda: store.extend(owner, 600)) is True
 
-        def heartbeat_first(*args: Any, **kwargs: Any) -> None:
-            assert in_thread(lambda: store.extend(owner, 600)) is True
-            real(*args, **kwargs)
-
-        monkeypatch.setattr(store_claims, "_forget_expired", heartbeat_first)
-        with testing.travel(120):
-            result = claim(sc, retention_s=60)
-            done(owner)
+    before(monkeypatch, "forget", heartbeat)
+    with testing.travel(120):
+        result = claim(sc, retention_s=60)
+        done(owner)
     assert isinstance(result, store.Existing), result
     assert result.lease_remaining > 0 and result.record_id == owner.record_id
     assert IdempotencyRecord.objects.filter(key=sc.key).count() == 1

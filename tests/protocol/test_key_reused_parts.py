@@ -74,7 +74,7 @@ def test_a_value_that_is_not_a_request_fingerprint_names_no_part():
     other = take(request(path="/w?page=2"))
     assert differing_parts("0" * 64, other.value) == ()  # inbox's payload fingerprint
     assert differing_parts("fp3:" + "A" * (LENGTH - 4), other.value) == ()  # not one
-    assert not other.matches("0" * 64)
+    assert not same_request("0" * 64, other.value)
 
 
 def test_the_fingerprint_is_ascii_that_the_records_column_holds():

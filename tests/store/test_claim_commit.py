@@ -22,8 +22,8 @@ from django.db import connection, transaction
 
 from django_idempotency import exceptions, store, transactions
 from django_idempotency.models import IdempotencyRecord
-from django_idempotency.store import claims as store_claims
 from django_idempotency.store import rows as store_rows
+from django_idempotency.store.records import postgresql as pg_records
 from tests.support.concurrency import token_client
 from tests.support.factories import TokenFactory
 from tests.support.faults import committed_elsewhere
@@ -73,7 +73,7 @@ def test_the_claim_statement_commits_asynchronously_when_asked(record_table, mon
     def in_block(sc: store.Scope, **extra: object) -> dict[str, object]:
         return real(sc, **{**extra, "async_commit": True})
 
-    monkeypatch.setattr(store_claims, "pg_params", in_block)  # where the claim calls it
+    monkeypatch.setattr(pg_records, "pg_params", in_block)  # where the claim calls it
     with transaction.atomic():
         claim(scope())
         seen.append(synchronous_commit())

@@ -7,14 +7,10 @@ partitioned table's function): both must give the same answer for every pair.
 
 from __future__ import annotations
 
-import itertools
-
-import pytest
-from django.db import connection
 from django.test import RequestFactory
 
 from django_idempotency.protocol.fingerprint import compute
-from django_idempotency.store.fingerprints import same_request, same_request_sql
+from django_idempotency.store.fingerprints import same_request
 
 rf = RequestFactory()
 
@@ -65,30 +61,3 @@ def test_a_value_of_another_kind_matches_only_itself() -> None:
     assert same_request(payload, payload)
     assert not same_request(payload, "1" * 64)
     assert not same_request(payload, fp(SENT)) and not same_request(fp(SENT), payload)
-
-
-@pytest.mark.django_db
-def test_the_sql_rule_answers_as_the_python_rule() -> None:
-    if connection.vendor != "postgresql":
-        pytest.skip("the SQL rule is PostgreSQL's")
-    values = [
-        fp(SENT),
-        fp(SENT, exclude=("sent_at",)),
-        fp(LATER, exclude=("sent_at",)),
-        fp(LATER),
-        fp(OTHER, exclude=("sent_at",)),
-        fp(SENT, headers=HEADERS),
-        fp(SENT, headers=HEADERS, price_list="2026"),
-        fp(SENT, headers=HEADERS, exclude=("sent_at",), price_list="2026"),
-        "0" * 64,
-        "1" * 64,
-    ]
-    pairs = list(itertools.product(values, repeat=2))
-    expression = same_request_sql("%(stored)s::varchar", "%(value)s::varchar")
-    with connection.cursor() as cursor:
-        answers = []
-        for stored, value in pairs:
-            cursor.execute(f"SELECT {expression}", {"stored": stored, "value": value})
-            answers.append(cursor.fetchone()[0])
-    assert answers == [same_request(stored, value) for stored, value in pairs]
-    assert any(answers) and not all(answers)

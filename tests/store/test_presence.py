@@ -169,6 +169,42 @@ def test_a_killed_owner_is_taken_over_at_once(record_table, owners):
 
 
 @pg_only
+def test_concurrent_duplicates_of_a_killed_owner_take_it_over_exactly_once(record_table, owners):
+    """Eight duplicates find the killed owner gone at once: its claim statement reports
+    the fact, and the takeover is fenced by the owner token read, so exactly one takes the claim
+    over. The others get in flight: they find the new owner present, or the old
+    owner's lock held by the contender testing it at that moment."""
+    if not _direct():
+        pytest.skip("behind a pooler no owner takes the lock: the lease decides")
+    scope = _scope()
+    owner = Owner(scope, lease=300)
+    owners.append(owner)
+    owner.kill()
+    start, settled = threading.Barrier(8), threading.Barrier(8)
+
+    def contend() -> store.Claim | store.Existing:
+        start.wait(30)
+        result = _claim(scope)
+        settled.wait(30)  # the winner stays present until every duplicate has its answer
+        if isinstance(result, store.Claim):
+            store.release(result)
+        return result
+
+    runner = Runner()
+    for _ in range(8):
+        runner.start(contend)
+    results = runner.join(60)
+    won = [result for result in results if isinstance(result, store.Claim)]
+    assert len(won) == 1, results
+    assert won[0].by_presence and won[0].takeover_cause == store.BY_PRESENCE
+    in_flight = [result for result in results if isinstance(result, store.Existing)]
+    assert len(in_flight) == 7
+    for result in in_flight:
+        assert store.judge(result, FP) is store.Verdict.IN_FLIGHT
+        assert result.record_id == won[0].record_id
+
+
+@pg_only
 def test_the_presence_takeover_is_signalled_and_counted_apart(record_table, owners):
     from django_idempotency.protocol.decide import decide as protocol_claim
     from django_idempotency.protocol.digests import Fingerprint

@@ -6,9 +6,10 @@ is enforced by one rule that every writer follows: hold a transaction-scoped adv
 lock on a hash of the scope, then look the scope up (a fresh snapshot, READ
 COMMITTED), then insert. Two server-side functions apply it:
 
-* ``django_idempotency_claim(...)``: the claim, one statement and one round trip. It
-  also replaces a record past its retention window by a new row (delete, then insert)
-  instead of rewriting the partition key.
+* ``django_idempotency_claim(...)``: the claim, one statement and one round trip: it
+  inserts, or returns the facts of the record that holds the key. (A record past its
+  retention window is deleted by the store, then claimed anew: the partition key is
+  never rewritten.)
 * ``django_idempotency_record_scope_unique()``: a ``BEFORE INSERT OR UPDATE OF
   principal, endpoint, key`` trigger applying the same rule to every other writer (the
   ORM, a psql session), raising ``unique_violation`` like the constraint it replaces.
@@ -25,8 +26,7 @@ partitioned table alike.
 
 from __future__ import annotations
 
-from django_idempotency.store.fingerprints import same_request_sql
-from django_idempotency.store.sql import PRESENCE_SEED, TABLE
+from django_idempotency.store.sql import PRESENCE_SEED, TABLE, owner_gone
 
 #: Partition names: ``PARTITION_PREFIX`` + ``YYYYMMDD`` (UTC day of ``sweep_after``).
 PARTITION_PREFIX = f"{TABLE}_p"
@@ -51,10 +51,6 @@ SCHEMA_SWEEP_LOCK = LOCK_NAMESPACE + 2
 
 #: Seed of ``hashtextextended`` for the scope's advisory lock.
 _SCOPE_SEED = 7310034283826791680
-#: The record found and the claiming request are one request (``fingerprints``).
-_SAME_REQUEST = same_request_sql("v_row.fingerprint", "p_fingerprint")
-
-
 _SCOPE_LOCK = (
     "pg_advisory_xact_lock(hashtextextended("
     "{p}principal || chr(31) || {p}endpoint || chr(31) || {p}key, "
@@ -90,14 +86,15 @@ RECORD_FILLFACTOR = 75
 
 
 #: The claim: one statement, one round trip (``PG_PARTITIONED_CLAIM_SQL`` calls it). It
-#: only inserts: a day without a partition of its own lands in the default partition. Every
-#: timestamp is taken after the scope lock was granted, so a claim that waited never starts
-#: with a spent lease. ``p_take``: this session may hold the record's presence lock (a
-#: direct connection); the new owner then holds it (``present``) and its pid is stored in
-#: ``owner_pid``. ``p_test``: a claimed record with a live lease whose owner's session held
-#: the lock is taken over at once when the lock is free (that session is gone;
-#: ``by_presence``; docs/robustness.md#owner-presence). ``p_async_commit``: the claim is
-#: its own transaction, whose COMMIT need not wait for the WAL flush.
+#: inserts a claim, or returns the facts of the record that holds the key, as the plain
+#: table's ``PG_CLAIM_SQL`` does (``store.claims.judge`` decides what they mean); a day
+#: without a partition of its own lands in the default partition. Every timestamp is
+#: taken after the scope lock was granted, so a claim that waited never starts with a
+#: spent lease. ``p_take``: this session may hold the record's presence lock (a direct
+#: connection); the new owner then holds it (``present``) and its pid is stored in
+#: ``owner_pid``. ``p_test``: whether ``owner_gone`` may be tested
+#: (``sql.owner_gone``). ``p_async_commit``: the claim is its own transaction, whose
+#: COMMIT need not wait for the WAL flush.
 CLAIM_FUNCTION = f"""
 CREATE OR REPLACE FUNCTION django_idempotency_claim(
     p_principal varchar, p_endpoint varchar, p_key varchar, p_fingerprint varchar,
@@ -107,8 +104,8 @@ CREATE OR REPLACE FUNCTION django_idempotency_claim(
     won boolean, id bigint, owner_token uuid, state varchar, fingerprint varchar,
     recovery_point varchar, lease_remaining float8, expired boolean,
     response_status integer, response_headers jsonb, response_body bytea,
-    owner_pid integer, present boolean, by_presence boolean, sweep_after timestamptz,
-    age_seconds float8, window_seconds float8
+    owner_pid integer, present boolean, owner_gone boolean, ended_by_operator boolean,
+    sweep_after timestamptz, age_seconds float8, window_seconds float8
 ) LANGUAGE plpgsql VOLATILE AS $fn$
 #variable_conflict use_column
 DECLARE
@@ -132,50 +129,16 @@ BEGIN{_READ_COMMITTED_ONLY}
     SELECT * INTO v_row FROM {TABLE} r
     WHERE r.principal = p_principal AND r.endpoint = p_endpoint AND r.key = p_key;
     IF FOUND THEN
-        IF p_test AND v_row.state = 'claimed' AND v_row.lease_until > v_now
-           AND {_SAME_REQUEST} AND v_row.owner_pid IS NOT NULL
-           AND v_row.owner_pid <> pg_backend_pid()
-           AND pg_try_advisory_xact_lock(v_presence) THEN
-            -- The owner's session is gone (its presence lock is free while its claim
-            -- stands): take over now, fenced by a new owner token.
-            v_pid := CASE WHEN p_take THEN pg_backend_pid() END;
-            UPDATE {TABLE} r SET owner_token = p_token,
-                lease_until = v_now + p_lease * interval '1 second',
-                expires_at = GREATEST(r.expires_at, v_now + p_lease * interval '1 second'),
-                owner_pid = v_pid
-            WHERE r.id = v_row.id AND r.sweep_after = v_row.sweep_after
-              AND r.owner_token = v_row.owner_token AND r.state = 'claimed';
-            IF FOUND THEN
-                IF v_pid IS NOT NULL THEN
-                    PERFORM pg_advisory_lock(v_presence);  -- held already: no wait
-                END IF;
-                RETURN QUERY SELECT true, v_row.id, NULL::uuid, NULL::varchar,
-                    NULL::varchar, v_row.recovery_point, NULL::float8, NULL::boolean,
-                    NULL::integer, NULL::jsonb, NULL::bytea, v_pid, v_pid IS NOT NULL, true,
-                    v_row.sweep_after, NULL::float8, NULL::float8;
-                RETURN;
-            END IF;
-        END IF;
-        IF v_row.expires_at > v_now
-           OR (v_row.state = 'claimed' AND v_row.lease_until > v_now) THEN
-            -- It stands: replay, 422, 409 or takeover; the caller decides.
-            RETURN QUERY SELECT false, v_row.id, v_row.owner_token, v_row.state,
-                v_row.fingerprint, v_row.recovery_point,
-                EXTRACT(EPOCH FROM v_row.lease_until - v_now)::float8,
-                v_row.expires_at <= v_now, v_row.response_status::integer,
-                v_row.response_headers, v_row.response_body, v_row.owner_pid, false, false,
-                v_row.sweep_after, EXTRACT(EPOCH FROM v_now - v_row.created_at)::float8,
-                EXTRACT(EPOCH FROM v_row.expires_at - v_row.created_at)::float8;
-            RETURN;
-        END IF;
-        -- Past its retention window and its lease: the key is new. Delete the row
-        -- and insert a fresh one (the partition key is never rewritten).
-        DELETE FROM {TABLE} r
-        WHERE r.id = v_row.id AND r.sweep_after = v_row.sweep_after
-          AND r.expires_at <= v_now AND (r.state = 'completed' OR r.lease_until <= v_now);
-        IF NOT FOUND THEN
-            RETURN;  -- changed since the lookup (takeover, heartbeat): caller re-reads
-        END IF;
+        RETURN QUERY SELECT false, v_row.id, v_row.owner_token, v_row.state,
+            v_row.fingerprint, v_row.recovery_point,
+            EXTRACT(EPOCH FROM v_row.lease_until - v_now)::float8,
+            v_row.expires_at <= v_now, v_row.response_status::integer,
+            v_row.response_headers, v_row.response_body, v_row.owner_pid, false,
+            {owner_gone("v_row.", test="p_test", now="v_now")},
+            v_row.lease_until = v_row.created_at, v_row.sweep_after,
+            EXTRACT(EPOCH FROM v_now - v_row.created_at)::float8,
+            EXTRACT(EPOCH FROM v_row.expires_at - v_row.created_at)::float8;
+        RETURN;
     END IF;
     -- 3. Insert (into the day partition the window ends in, or the default partition).
     v_expires := v_now + GREATEST(p_retention, p_lease) * interval '1 second';
@@ -198,7 +161,8 @@ BEGIN{_READ_COMMITTED_ONLY}
     END IF;
     RETURN QUERY SELECT true, v_id, NULL::uuid, NULL::varchar, NULL::varchar,
         ''::varchar, NULL::float8, NULL::boolean, NULL::integer, NULL::jsonb,
-        NULL::bytea, v_pid, v_pid IS NOT NULL, false, v_expires, NULL::float8, NULL::float8;
+        NULL::bytea, v_pid, v_pid IS NOT NULL, false, false, v_expires, NULL::float8,
+        NULL::float8;
 END
 $fn$;
 """
