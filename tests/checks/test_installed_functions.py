@@ -11,6 +11,7 @@ from django.core.management.base import SystemCheckError
 from django.db import connection
 
 from django_idempotency.checks.functions import check_installed_functions
+from django_idempotency.store.schema import functions
 from django_idempotency.store.schema.functions import COMPLETE_FUNCTION
 from django_idempotency.store.schema.installed import code_bodies, stale_functions
 
@@ -73,3 +74,25 @@ def test_the_code_bodies_are_read_from_their_definitions():
     assert "RETURN 1;" in bodies["django_idempotency_complete"]
     with pytest.raises(ValueError, match="not a function definition"):
         code_bodies("CREATE TRIGGER t BEFORE INSERT ON x EXECUTE FUNCTION f()")
+
+
+def test_the_latest_migration_freezes_this_versions_functions():
+    """A migration installs the functions' SQL as it was written then; a version that
+    changes one must add a migration with its new text, or a fresh database would
+    hold the old one (and W014 would flag every new install)."""
+    import importlib
+    import pkgutil
+
+    import django_idempotency.migrations as package
+
+    latest: dict[str, str] = {}
+    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda info: info.name):
+        module = importlib.import_module(f"{package.__name__}.{info.name}")
+        for name in ("COMPLETE_FUNCTION", "CLAIM_FUNCTION", "SCOPE_TRIGGER_FUNCTION"):
+            if hasattr(module, name):
+                latest[name] = getattr(module, name)
+    assert latest == {
+        "COMPLETE_FUNCTION": functions.COMPLETE_FUNCTION,
+        "CLAIM_FUNCTION": functions.CLAIM_FUNCTION,
+        "SCOPE_TRIGGER_FUNCTION": functions.SCOPE_TRIGGER_FUNCTION,
+    }

@@ -20,6 +20,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 from django.db import transaction
@@ -67,13 +68,25 @@ def days_ahead() -> int:
     return days_needed() + max(conf.partitions_ahead, 0)
 
 
-def install(connection: BaseDatabaseWrapper) -> None:
+def install(
+    connection: BaseDatabaseWrapper,
+    *,
+    complete: str = COMPLETE_FUNCTION,
+    partitioned: Sequence[str] = (CLAIM_FUNCTION, SCOPE_TRIGGER_FUNCTION),
+) -> None:
     """The initial migration's PostgreSQL part, forwards (no-op on other databases).
 
     Creates ``django_idempotency_complete`` and, per ``PARTITION_RECORDS`` (read when the
     migration runs; the store then detects the table's kind per connection), partitions
     the record table by day, with the partitions of today and of every day a claim made
     now may need (:func:`days_ahead`).
+
+    Args:
+        connection: the database's connection.
+        complete: the ``CREATE FUNCTION`` statement of the completion (the migration's
+            frozen text; by default this version's).
+        partitioned: those of the partitioned table's functions (the claim, the scope
+            trigger's), likewise.
 
     Warns:
         RuntimeWarning: the server is older than PostgreSQL 14; the table stays plain.
@@ -82,7 +95,7 @@ def install(connection: BaseDatabaseWrapper) -> None:
     if connection.vendor != "postgresql":
         return
     with connection.cursor() as cursor:  # no parameters: the body has % signs
-        cursor.execute(COMPLETE_FUNCTION)
+        cursor.execute(complete)
     if not conf.partition_records:
         _plain_fillfactor(connection)
         return
@@ -97,7 +110,7 @@ def install(connection: BaseDatabaseWrapper) -> None:
         return
     today = clock.store_now(connection).date()
     days = [today + dt.timedelta(days=n) for n in range(days_ahead() + 1)]
-    to_partitioned(connection, keep_since=None, days=days)
+    to_partitioned(connection, keep_since=None, days=days, functions=partitioned)
 
 
 def uninstall(connection: BaseDatabaseWrapper) -> None:
@@ -114,10 +127,16 @@ def uninstall(connection: BaseDatabaseWrapper) -> None:
     drop_functions(connection)
 
 
-def install_functions(connection: BaseDatabaseWrapper) -> None:
-    """Create (or replace) the server-side functions of the partitioned table."""
+def install_functions(
+    connection: BaseDatabaseWrapper,
+    functions: Sequence[str] = (CLAIM_FUNCTION, SCOPE_TRIGGER_FUNCTION),
+) -> None:
+    """Create (or replace) the server-side functions of the partitioned table.
+
+    ``functions``: their ``CREATE FUNCTION`` statements (by default this version's).
+    """
     with connection.cursor() as cursor:
-        for sql in (CLAIM_FUNCTION, SCOPE_TRIGGER_FUNCTION):
+        for sql in functions:
             cursor.execute(sql)
 
 
@@ -126,8 +145,12 @@ def to_partitioned(
     *,
     keep_since: dt.datetime | None,
     days: list[dt.date],
+    functions: Sequence[str] = (CLAIM_FUNCTION, SCOPE_TRIGGER_FUNCTION),
 ) -> int:
     """Replace the plain record table by a day-partitioned one (the initial migration).
+
+    ``functions``: the ``CREATE FUNCTION`` statements of the partitioned table's
+    functions (:func:`install_functions`).
 
     Locks the table, renames it, creates the partitioned table with the same columns
     and checks (partitioned by ``sweep_after``), its default partition and the
@@ -146,7 +169,7 @@ def to_partitioned(
             f"CREATE TABLE {TABLE} (LIKE {_PLAIN_COPY} INCLUDING DEFAULTS INCLUDING "
             f"CONSTRAINTS INCLUDING IDENTITY) PARTITION BY RANGE ({key})"
         )
-        install_functions(connection)
+        install_functions(connection, functions)
         cursor.execute(
             f"CREATE TABLE {DEFAULT_PARTITION} PARTITION OF {TABLE} DEFAULT "
             f"WITH (fillfactor = {RECORD_FILLFACTOR})"
