@@ -149,6 +149,24 @@ def test_a_takeover_says_whether_the_lease_expired_or_an_operator_ended_it(caplo
     assert second.cause == "lease" and "lease expired" in second.getMessage()
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_lease_an_operator_ended_is_taken_over_for_the_operator_on_every_table(record_table):
+    """The claim reads on each kind of record table (the plain table's statement, the
+    partitioned table's function, the ORM) that an operator ended the lease: the
+    takeover's cause, which its ``taken_over`` line names, is ``operator``, never an
+    expired lease."""
+    from django_idempotency import store
+    from django_idempotency.store import operators
+
+    scope = store.Scope("ops", "POST /ops", str(uuid.uuid4()))
+    held = store.claim(scope, "f" * 64, lease=300, retention=3600)
+    assert isinstance(held, store.Claim)
+    assert operators.end_leases([held.record_id]) == 1
+    again = store.claim(scope, "f" * 64, lease=300, retention=3600)
+    assert isinstance(again, store.Claim) and again.taken_over, again
+    assert again.takeover_cause == store.BY_OPERATOR
+
+
 def test_disconnect_silences_and_connect_restores(api, caplog):
     caplog.set_level(logging.DEBUG, logger=LOGGER)
     logs.disconnect()

@@ -101,11 +101,12 @@ def m(
 
 # --- the mutants ------------------------------------------------------------------
 
-_TAKE_OVER_FILTER = """            pk=existing.record_id,
-            state=RecordState.CLAIMED,
-            owner_token=existing.owner_token,  # type: ignore[misc]  # set on every row read
-            recovery_point=existing.recovery_point,
-            lease_until__lte=now_value(using),
+# PortableRecords.take_over's row lookup (store/records/portable.py)
+_TAKE_OVER_FILTER = """                pk=record.record_id,
+                state=RecordState.CLAIMED,
+                owner_token=record.owner_token,  # type: ignore[misc]  # set on every row read
+                recovery_point=record.recovery_point,
+                lease_until__lte=now_value(self.using),
 """
 
 EDGES = "tests/store/test_edges.py"
@@ -117,28 +118,14 @@ REPLAY_HEADERS = "tests/protocol/test_replay_headers.py"
 RETENTION = "tests/retention/test_sweeper.py"
 VIEW_TX = "tests/transactions/test_view_transactions.py"
 
-# PG_TAKEOVER_SQL's row lookup (_pg.py)
+# PG_TAKEOVER_SQL's row lookup (store/sql.py): the lease over, or the owner found gone
 _PG_TAKEOVER_WHERE = (
     "    WHERE id = %(id)s AND state = 'claimed' AND owner_token = %(token)s\n"
-    "      AND recovery_point = %(recovery_point)s AND lease_until <= {_NOW}\n"
+    "      AND recovery_point = %(recovery_point)s\n"
+    "      AND (lease_until <= {_NOW} OR %(by_presence)s)\n"
     "    FOR UPDATE SKIP LOCKED\n"
 )
 
-# CLAIM_FUNCTION (store/schema/functions.py): the lookup's test of whether the record
-# stands, and the DELETE of a record past its window.
-_CLAIM_FN_LOOKUP = (
-    "        IF v_row.expires_at > v_now\n"
-    "           OR (v_row.state = 'claimed' AND v_row.lease_until > v_now) THEN\n"
-)
-_CLAIM_FN_LOOKUP_NO_LEASE = "        IF v_row.expires_at > v_now THEN\n"
-_CLAIM_FN_DELETE = (
-    "        WHERE r.id = v_row.id AND r.sweep_after = v_row.sweep_after\n"
-    "          AND r.expires_at <= v_now AND (r.state = 'completed' OR r.lease_until <= v_now);\n"
-)
-_CLAIM_FN_DELETE_NO_LEASE = _CLAIM_FN_DELETE.replace(
-    "          AND r.expires_at <= v_now AND (r.state = 'completed' OR r.lease_until <= v_now);\n",
-    "          AND r.expires_at <= v_now;\n",
-)
 # The window invariant: every write keeps `expires_at >= lease_until` (heartbeat,
 # takeover, claim, restamp). The readers (the claim's forget, the claim function, the
 # sweeper) also check the lease: two guards of one rule. Dropping one alone changes
@@ -170,9 +157,9 @@ MUTANTS: list[Mutant] = [
     # store.py: takeover, reuse, fencing
     m(
         "S1",
-        "store/claims.py",
+        "store/records/portable.py",
         _TAKE_OVER_FILTER,
-        _TAKE_OVER_FILTER.replace("            lease_until__lte=now_value(using),\n", ""),
+        _TAKE_OVER_FILTER.replace("                lease_until__lte=now_value(self.using),\n", ""),
         tests=(f"{GUARDS}::test_a_heartbeat_between_the_read_and_the_takeover_keeps_the_owner",),
         backends=(SQLITE,),
         what="takeover without `lease_until <= now`: a live owner taken over (ORM, SQLite)",
@@ -181,17 +168,17 @@ MUTANTS: list[Mutant] = [
         "S1p",
         "store/sql.py",
         _PG_TAKEOVER_WHERE,
-        _PG_TAKEOVER_WHERE.replace(" AND lease_until <= {_NOW}", ""),
+        _PG_TAKEOVER_WHERE.replace("      AND (lease_until <= {_NOW} OR %(by_presence)s)\n", ""),
         tests=(f"{GUARDS}::test_a_heartbeat_between_the_read_and_the_takeover_keeps_the_owner",),
         backends=(PG,),
         what="takeover without `lease_until <= now` (PG_TAKEOVER_SQL)",
     ),
     m(
         "S2",
-        "store/claims.py",
+        "store/records/portable.py",
         _TAKE_OVER_FILTER,
         _TAKE_OVER_FILTER.replace(
-            "            owner_token=existing.owner_token,  # type: ignore[misc]  "
+            "                owner_token=record.owner_token,  # type: ignore[misc]  "
             "# set on every row read\n",
             "",
         ),
@@ -200,7 +187,8 @@ MUTANTS: list[Mutant] = [
         what="takeover without `owner_token = <the one read>` (ORM, SQLite)",
         equivalent=(
             "the lease condition already refuses a second contender: the first takeover "
-            "sets a live lease. Only once that new lease has run out too does the "
+            "sets a live lease (the ORM has no owner presence: only the lease ends a "
+            "claim there). Only once that new lease has run out too does the "
             "stale UPDATE match, and then the contender wins a claim whose lease ran "
             "out, which it would win on its next round anyway (same record, same "
             "recovery point, which is still checked)."
@@ -211,19 +199,22 @@ MUTANTS: list[Mutant] = [
         "store/sql.py",
         _PG_TAKEOVER_WHERE,
         _PG_TAKEOVER_WHERE.replace(" AND owner_token = %(token)s", ""),
-        tests=(GUARDS, "tests/store/test_concurrency.py", "tests/store/test_state_machine.py"),
-        backends=(PG,),
-        what="takeover without `owner_token = <the one read>` (PG_TAKEOVER_SQL)",
-        equivalent=(
-            "as for S2: the lease condition refuses a second contender until the first "
-            "takeover's lease has run out too, and the recovery point is still checked."
+        tests=(
+            "tests/store/test_presence.py::"
+            "test_a_duplicate_that_found_the_owner_gone_before_another_took_over_does_not_win",
+            GUARDS,
+            "tests/store/test_concurrency.py",
+            "tests/store/test_state_machine.py",
         ),
+        backends=(PG,),
+        what="takeover without `owner_token = <the one read>` (PG_TAKEOVER_SQL): two "
+        "duplicates that found the owner gone both take the claim over",
     ),
     m(
         "S3",
-        "store/claims.py",
-        f"        .filter(\n{_TAKE_OVER_FILTER}        )\n",
-        "        .filter(pk=existing.record_id)\n",
+        "store/records/portable.py",
+        f"            .filter(\n{_TAKE_OVER_FILTER}            )\n",
+        "            .filter(pk=record.record_id)\n",
         tests=(
             f"{GUARDS}::test_a_contender_that_read_before_another_took_over_does_not_win",
             "tests/store/test_concurrency.py::test_concurrent_takeover_of_an_expired_lease_has_one_winner",
@@ -245,9 +236,9 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "S4",
-        "store/claims.py",
+        "store/records/portable.py",
         _TAKE_OVER_FILTER,
-        _TAKE_OVER_FILTER.replace("            recovery_point=existing.recovery_point,\n", ""),
+        _TAKE_OVER_FILTER.replace("                recovery_point=record.recovery_point,\n", ""),
         tests=(
             f"{GUARDS}::test_a_phase_committed_after_the_read_is_resumed_after_by_the_takeover",
         ),
@@ -258,7 +249,7 @@ MUTANTS: list[Mutant] = [
         "S4p",
         "store/sql.py",
         _PG_TAKEOVER_WHERE,
-        _PG_TAKEOVER_WHERE.replace("AND recovery_point = %(recovery_point)s AND ", "AND "),
+        _PG_TAKEOVER_WHERE.replace("      AND recovery_point = %(recovery_point)s\n", ""),
         tests=(
             f"{GUARDS}::test_a_phase_committed_after_the_read_is_resumed_after_by_the_takeover",
         ),
@@ -268,25 +259,27 @@ MUTANTS: list[Mutant] = [
     m(
         "S5",
         "store/claims.py",
-        "        if existing.expired and (existing.completed or existing.lease_remaining <= 0):\n",
-        "        if existing.expired:\n",
-        tests=(f"{GUARDS}::test_a_record_past_its_window_is_not_replaced_while_its_lease_is_live",),
-        what="a record past its window forgotten while its lease is live (plain table)",
-        equivalent=_INVARIANT.format(what="claim's test", pair="S5x"),
+        "    if record.expired and not live:\n",
+        "    if record.expired:\n",
+        tests=(
+            f"{GUARDS}::test_a_record_past_its_window_is_not_replaced_while_its_lease_is_live",
+            "tests/store/test_judge.py",
+        ),
+        what="a record past its window judged reusable while its lease is live",
     ),
     m(
         "S5x",
         "store/claims.py",
-        "        if existing.expired and (existing.completed or existing.lease_remaining <= 0):\n",
-        "        if existing.expired:\n",
+        "    if record.expired and not live:\n",
+        "    if record.expired:\n",
         also=(_HEARTBEAT_WINDOW_PG, _HEARTBEAT_WINDOW_ORM),
         tests=(f"{GUARDS}::test_a_record_past_its_window_is_not_replaced_while_its_lease_is_live",),
         what="S5 and a heartbeat that does not push the window: a live owner's record forgotten",
     ),
     m(
         "S6",
-        "store/claims.py",
-        "        Q(state=RecordState.COMPLETED) | Q(lease_until__lte=now_value(using)),\n",
+        "store/records/portable.py",
+        "            Q(state=RecordState.COMPLETED) | Q(lease_until__lte=now),\n",
         "",
         tests=(
             f"{GUARDS}::test_a_heartbeat_after_the_read_keeps_an_expired_record_from_being_forgotten",
@@ -309,8 +302,8 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "S6x",
-        "store/claims.py",
-        "        Q(state=RecordState.COMPLETED) | Q(lease_until__lte=now_value(using)),\n",
+        "store/records/portable.py",
+        "            Q(state=RecordState.COMPLETED) | Q(lease_until__lte=now),\n",
         "",
         also=(_HEARTBEAT_WINDOW_ORM,),
         tests=(
@@ -381,11 +374,10 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "S12",
-        "store/claims.py",
-        "            if waited > min(_RESTAMP_AFTER, lease / 10) and not _restamp(\n"
-        "                connection, won, retention\n"
-        "            ):\n",
-        "            if False:\n",
+        "store/records/postgresql.py",
+        "        if waited > min(_RESTAMP_AFTER, lease / 10)"
+        " and not self._restamp(won, retention):\n",
+        "        if False:\n",
         tests=(f"{EDGES}::test_a_claim_that_waited_gets_its_whole_lease[plain]",),
         backends=(PG,),
         what="a plain-table claim that queued behind a rolled-back insert is not stamped again",
@@ -393,8 +385,8 @@ MUTANTS: list[Mutant] = [
     m(
         "S13",
         "store/sql.py",
-        "AND lease_until <= {_NOW}\n    FOR UPDATE SKIP LOCKED\n",
-        "AND lease_until <= {_NOW}\n",
+        "OR %(by_presence)s)\n    FOR UPDATE SKIP LOCKED\n",
+        "OR %(by_presence)s)\n",
         tests=(
             f"{EDGES}::test_a_takeover_skips_a_row_locked_by_a_stalled_owner",
             f"{EDGES}::test_a_takeover_enqueues_without_waiting_for_the_stalled_original",
@@ -464,8 +456,8 @@ MUTANTS: list[Mutant] = [
     m(
         "X14",
         "store/sql.py",
-        "       by_presence, sweep_after AT TIME ZONE 'UTC' AS sweep_after, age_seconds,",
-        "       by_presence, sweep_after, age_seconds,",
+        "       owner_gone, ended_by_operator, sweep_after AT TIME ZONE 'UTC' AS sweep_after,\n",
+        "       owner_gone, ended_by_operator, sweep_after,\n",
         tests=("tests/store/test_use_tz_false_fall_back.py",),
         backends=(PG,),
         what="the claim's partition key read as Django reads it (naive local, USE_TZ = False)",
@@ -572,8 +564,8 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "S16s",
-        "store/claims.py",
-        '            expires_at=Greatest(F("expires_at"), new_lease_until),\n',
+        "store/records/portable.py",
+        '                expires_at=Greatest(F("expires_at"), new_lease_until),\n',
         "",
         tests=(
             f"{EDGES}::test_a_takeover_near_the_end_of_the_window_survives_the_sweep",
@@ -588,8 +580,8 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "S16sx",
-        "store/claims.py",
-        '            expires_at=Greatest(F("expires_at"), new_lease_until),\n',
+        "store/records/portable.py",
+        '                expires_at=Greatest(F("expires_at"), new_lease_until),\n',
         "",
         also=(_SWEEP_LEASE,),
         tests=(f"{EDGES}::test_a_takeover_near_the_end_of_the_window_survives_the_sweep",),
@@ -633,68 +625,6 @@ MUTANTS: list[Mutant] = [
     ),
     # store/schema/functions.py: the claim function (installed by the initial migration)
     m(
-        "P1",
-        "store/schema/functions.py",
-        _CLAIM_FN_LOOKUP,
-        _CLAIM_FN_LOOKUP_NO_LEASE,
-        tests=(GUARDS,),
-        backends=(PG,),
-        what="claim function: the lookup ignores a live lease past the window",
-        equivalent=(
-            "the DELETE that follows re-checks the lease (state = 'completed' OR "
-            "lease_until <= now) and returns no row, so the caller re-reads and answers "
-            "409: one round trip more, the same outcome."
-        ),
-    ),
-    m(
-        "P2",
-        "store/schema/functions.py",
-        _CLAIM_FN_DELETE,
-        _CLAIM_FN_DELETE_NO_LEASE,
-        tests=(
-            f"{GUARDS}::test_a_heartbeat_after_the_read_keeps_an_expired_record_from_being_forgotten",
-        ),
-        backends=(PG,),
-        what="claim function: the delete ignores a heartbeat that landed after the lookup",
-        equivalent=_INVARIANT.format(what="claim function's DELETE", pair="P2x"),
-    ),
-    m(
-        "P3",
-        "store/schema/functions.py",
-        (
-            (_CLAIM_FN_LOOKUP, _CLAIM_FN_LOOKUP_NO_LEASE),
-            (_CLAIM_FN_DELETE, _CLAIM_FN_DELETE_NO_LEASE),
-        ),
-        tests=(f"{GUARDS}::test_a_record_past_its_window_is_not_replaced_while_its_lease_is_live",),
-        backends=(PG,),
-        what="claim function: a record past its window replaced while its lease is live",
-        equivalent=_INVARIANT.format(what="claim function", pair="P3x"),
-    ),
-    m(
-        "P2x",
-        "store/schema/functions.py",
-        _CLAIM_FN_DELETE,
-        _CLAIM_FN_DELETE_NO_LEASE,
-        also=(_HEARTBEAT_WINDOW_PG,),
-        tests=(
-            f"{GUARDS}::test_a_heartbeat_after_the_read_keeps_an_expired_record_from_being_forgotten",
-        ),
-        backends=(PG,),
-        what="P2 and a heartbeat that does not push the window",
-    ),
-    m(
-        "P3x",
-        "store/schema/functions.py",
-        (
-            (_CLAIM_FN_LOOKUP, _CLAIM_FN_LOOKUP_NO_LEASE),
-            (_CLAIM_FN_DELETE, _CLAIM_FN_DELETE_NO_LEASE),
-        ),
-        also=(_HEARTBEAT_WINDOW_PG,),
-        tests=(f"{GUARDS}::test_a_record_past_its_window_is_not_replaced_while_its_lease_is_live",),
-        backends=(PG,),
-        what="P3 and a heartbeat that does not push the window",
-    ),
-    m(
         "P4",
         "store/schema/functions.py",
         '    PERFORM {_SCOPE_LOCK.format(p="p_")};\n    v_now := clock_timestamp()',
@@ -718,10 +648,10 @@ MUTANTS: list[Mutant] = [
     m(
         "PR1",
         "protocol/decide.py",
-        "        if not fp.matches(result.fingerprint):\n",
+        "        if verdict is store.Verdict.MISMATCH:\n",
         "        if False:\n",
         tests=("tests/protocol/test_wire.py", "tests/protocol/test_decorators.py"),
-        what="a key reused with another request is replayed instead of 422",
+        what="a key reused with another request is not answered 422 (it waits, then 409)",
     ),
     m(
         "PR1b",
@@ -734,7 +664,7 @@ MUTANTS: list[Mutant] = [
     m(
         "PR2",
         "protocol/decide.py",
-        "            if not result.response.replayable:\n",
+        "            if not stored.replayable:\n",
         "            if False:\n",
         tests=("tests/protocol/test_hostile_input.py", "tests/protocol/test_wire.py"),
         backends=(SQLITE,),
@@ -1335,20 +1265,35 @@ MUTANTS: list[Mutant] = [
     m(
         "CL11",
         "store/sql.py",
-        "    SELECT id, lease_until = created_at AS by_operator FROM {TABLE}\n",
-        "    SELECT id, false AS by_operator FROM {TABLE}\n",
+        "       owner_pid, false, {owner_gone()}, lease_until = created_at, {_AGE}, {_WINDOW}\n",
+        "       owner_pid, false, {owner_gone()}, false, {_AGE}, {_WINDOW}\n",
+        tests=(
+            "tests/test_logs.py::"
+            "test_a_lease_an_operator_ended_is_taken_over_for_the_operator_on_every_table",
+        ),
+        backends=(PG,),
+        what="PostgreSQL's takeover (plain table) never says an operator ended the lease",
+    ),
+    m(
+        "CL11f",
+        "store/schema/functions.py",
+        "            v_row.lease_until = v_row.created_at, v_row.sweep_after,\n",
+        "            false, v_row.sweep_after,\n",
         tests=(
             "tests/test_logs.py::"
             "test_a_takeover_says_whether_the_lease_expired_or_an_operator_ended_it",
+            "tests/test_logs.py::"
+            "test_a_lease_an_operator_ended_is_taken_over_for_the_operator_on_every_table",
         ),
         backends=(PG,),
-        what="PostgreSQL's takeover never says an operator ended the lease",
+        what="PostgreSQL's takeover (partitioned table, the claim function) never says an "
+        "operator ended the lease",
     ),
     m(
         "CL12",
-        "store/claims.py",
-        "    return (False, existing.ended_by_operator) if updated == 1 else None\n",
-        "    return (False, False) if updated == 1 else None\n",
+        "store/rows.py",
+        '    values["ended_by_operator"] = values["lease_until"] == values["created_at"]\n',
+        '    values["ended_by_operator"] = False\n',
         tests=(
             "tests/test_logs.py::"
             "test_a_takeover_says_whether_the_lease_expired_or_an_operator_ended_it",
@@ -1358,25 +1303,16 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "CL13",
-        "store/sql.py",
-        "      AND r.state = 'claimed' AND {_SAME_REQUEST}\n",
-        "      AND r.state = 'claimed'\n",
+        "store/claims.py",
+        "    if not same_request(record.fingerprint, fingerprint):\n",
+        "    if not record.completed and (not live or record.owner_gone):\n"
+        "        return Verdict.TAKE_OVER\n"
+        "    if not same_request(record.fingerprint, fingerprint):\n",
         tests=(
             "tests/store/test_presence.py::test_a_presence_takeover_refuses_a_request_with_another_body",
+            "tests/store/test_judge.py",
         ),
-        backends=(PG,),
-        what="a presence takeover (plain table) by a request with another body",
-    ),
-    m(
-        "CL14",
-        "store/schema/functions.py",
-        "           AND {_SAME_REQUEST} AND v_row.owner_pid IS NOT NULL\n",
-        "           AND v_row.owner_pid IS NOT NULL\n",
-        tests=(
-            "tests/store/test_presence.py::test_a_presence_takeover_refuses_a_request_with_another_body",
-        ),
-        backends=(PG,),
-        what="a presence takeover (claim function) by a request with another body",
+        what="a takeover (owner gone, or lease over) by a request with another body",
     ),
     m(
         "CL15",
@@ -1447,9 +1383,8 @@ MUTANTS: list[Mutant] = [
     m(
         "CL21",
         "store/operators.py",
-        "        and existing.lease_remaining <= 0\n"
-        "        and same_request(existing.fingerprint, fingerprint)\n",
-        "        and existing.lease_remaining <= 0\n",
+        "judge(existing, fingerprint) in (Verdict.REUSE, Verdict.TAKE_OVER)",
+        "judge(existing, existing.fingerprint) in (Verdict.REUSE, Verdict.TAKE_OVER)",
         tests=(
             "tests/protocol/test_replay_negotiation.py::"
             "test_after_a_crashed_claim_no_renderer_fits_and_another_body_is_still_422",
@@ -1897,14 +1832,15 @@ MUTANTS: list[Mutant] = [
     m(
         "FP3",
         "store/fingerprints.py",
-        '        f"OR {part(stored, 3)} = {part(value, 3)} "\n',
+        "        or first[2] == second[2]\n",
         "",
         tests=(
             "tests/store/test_presence.py::"
             "test_a_presence_takeover_of_a_claim_stored_under_other_settings",
+            "tests/store/test_judge.py",
         ),
-        backends=(PG,),
-        what="the SQL takeover refuses a byte-identical retry after an exclusion was added",
+        what="a byte-identical retry after an exclusion was added is refused (422) instead "
+        "of taking over its crashed claim or replaying",
     ),
     # client: headers it reads, a caller's key, its log lines
     m(
@@ -2450,8 +2386,8 @@ def enter_schema(""",
     # the ORM store's claim looks before it writes: a duplicate of a held key only reads
     m(
         "CL30",
-        "store/claims.py",
-        "        if existing is not None:\n            return None, existing\n",
+        "store/records/portable.py",
+        "            if existing is not None:\n                return existing\n",
         "",
         tests=("tests/store/test_sqlite_threads.py",),
         backends=(SQLITE,),

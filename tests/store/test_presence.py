@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -33,6 +34,7 @@ from django.test import override_settings
 
 from django_idempotency import exceptions, metrics, signals, store
 from django_idempotency.store import presence
+from django_idempotency.store.records import record_store
 from tests.support.concurrency import Runner, token_client
 from tests.support.factories import TokenFactory
 from tests.support.pgbouncer import database_url
@@ -202,6 +204,46 @@ def test_concurrent_duplicates_of_a_killed_owner_take_it_over_exactly_once(recor
     for result in in_flight:
         assert store.judge(result, FP) is store.Verdict.IN_FLIGHT
         assert result.record_id == won[0].record_id
+
+
+@pg_only
+def test_a_duplicate_that_found_the_owner_gone_before_another_took_over_does_not_win(
+    record_table, owners, monkeypatch
+):
+    """Two duplicates find a killed owner gone; one takes the claim over between the
+    other's read and its takeover. The takeover is fenced by the owner token read, so
+    only the first runs: the other is in flight behind the new, present owner."""
+    if not _direct():
+        pytest.skip("behind a pooler no owner takes the lock: the lease decides")
+    scope = _scope()
+    owner = Owner(scope, lease=300)
+    owners.append(owner)
+    owner.kill()
+    kind = type(record_store("default"))
+    real = kind.take_over
+    runner = Runner()
+    taken: queue.Queue[store.Claim | store.Existing] = queue.Queue()
+
+    def another() -> store.Claim | store.Existing:
+        result = _claim(scope)
+        taken.put(result)
+        return result  # its connection stays open (present) until the join
+
+    def hooked(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not runner.threads:  # the first contender, between its read and its takeover
+            runner.start(another)
+            taken.get(timeout=30)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(kind, "take_over", hooked)
+    loser = _claim(scope)
+    record = store.fetch(scope)
+    (first,) = runner.join(30)
+    assert isinstance(first, store.Claim) and first.by_presence, first
+    assert isinstance(loser, store.Existing), loser
+    assert store.judge(loser, FP) is store.Verdict.IN_FLIGHT
+    assert loser.owner_token == first.owner_token
+    assert record is not None and record.owner_token == first.owner_token
 
 
 @pg_only
