@@ -170,18 +170,24 @@ def test_a_killed_owner_is_taken_over_at_once(record_table, owners):
         metrics.disconnect(sink)
 
 
-@pg_only
-def test_concurrent_duplicates_of_a_killed_owner_take_it_over_exactly_once(record_table, owners):
-    """Eight duplicates find the killed owner gone at once: its claim statement reports
-    the fact, and the takeover is fenced by the owner token read, so exactly one takes the claim
-    over. The others get in flight: they find the new owner present, or the old
-    owner's lock held by the contender testing it at that moment."""
+def _killed_owner(owners: list[Owner]) -> store.Scope:
+    """The scope of a claim whose owner, on a direct connection, was killed mid-lease."""
     if not _direct():
         pytest.skip("behind a pooler no owner takes the lock: the lease decides")
     scope = _scope()
     owner = Owner(scope, lease=300)
     owners.append(owner)
     owner.kill()
+    return scope
+
+
+@pg_only
+def test_concurrent_duplicates_of_a_killed_owner_take_it_over_exactly_once(record_table, owners):
+    """Eight duplicates find the killed owner gone at once: its claim statement reports
+    the fact, and the takeover is fenced by the owner token read, so exactly one takes the claim
+    over. The others get in flight: they find the new owner present, or the old
+    owner's lock held by the contender testing it at that moment."""
+    scope = _killed_owner(owners)
     start, settled = threading.Barrier(8), threading.Barrier(8)
 
     def contend() -> store.Claim | store.Existing:
@@ -213,12 +219,7 @@ def test_a_duplicate_that_found_the_owner_gone_before_another_took_over_does_not
     """Two duplicates find a killed owner gone; one takes the claim over between the
     other's read and its takeover. The takeover is fenced by the owner token read, so
     only the first runs: the other is in flight behind the new, present owner."""
-    if not _direct():
-        pytest.skip("behind a pooler no owner takes the lock: the lease decides")
-    scope = _scope()
-    owner = Owner(scope, lease=300)
-    owners.append(owner)
-    owner.kill()
+    scope = _killed_owner(owners)
     kind = type(record_store("default"))
     real = kind.take_over
     runner = Runner()
