@@ -291,3 +291,59 @@ def test_the_list_and_page_show_the_request_path_beside_the_route(staff_client, 
     record = IdempotencyRecord.objects.get(key=key)
     page = staff_client.get(f"{BASE}{record.pk}/change/").content.decode()
     assert "Request path" in page and f"/widgets/{widget.pk}/reboot" in page
+
+
+#: What a retry of the same request gets (``store.judge``), by the condition an
+#: operator sees.
+_CONDITION_OF = {
+    store.Verdict.IN_FLIGHT: operators.IN_FLIGHT,
+    store.Verdict.TAKE_OVER: operators.ABANDONED,
+    store.Verdict.REPLAY: operators.COMPLETED,
+}
+
+
+@pytest.mark.django_db
+def test_a_records_condition_is_what_a_retry_of_its_request_would_get(api):
+    """The admin's condition (per row, and as a filter) agrees with ``store.judge``."""
+    from django.db import connection
+
+    from django_idempotency.models import IdempotencyRecord
+    from django_idempotency.store import clock
+
+    done_key = str(uuid.uuid4())
+    assert api.post("/widgets", {"name": "a"}, format="json", HTTP_IDEMPOTENCY_KEY=done_key)
+    live = claim(lease=30.0)
+    failed = claim(lease=30.0)
+    store.advance(failed, "charged")
+    assert store.suspend(failed)
+    done = IdempotencyRecord.objects.get(key=done_key)
+    scopes = [
+        live.scope,
+        failed.scope,
+        store.Scope(done.principal, done.endpoint, done.key),
+    ]
+
+    def conditions() -> dict[str, tuple[str, str]]:
+        seen = {}
+        now = clock.store_now(connection)
+        for scope in scopes:
+            existing = store.fetch(scope)
+            assert existing is not None
+            expected = _CONDITION_OF[store.judge(existing, existing.fingerprint)]
+            rows = IdempotencyRecord.objects.filter(key=scope.key)
+            (record,) = operators.with_condition(rows)
+            assert operators.only_condition(rows, expected).exists()
+            seen[scope.key] = (expected, operators.condition_of(record, now))
+        return seen
+
+    now_seen = conditions()
+    assert {key: shown for key, (_, shown) in now_seen.items()} == {
+        live.scope.key: operators.IN_FLIGHT,
+        failed.scope.key: operators.ABANDONED,
+        done_key: operators.COMPLETED,
+    }
+    assert all(expected == shown for expected, shown in now_seen.values())
+    with travel(75):  # the live claim's lease runs out: a retry takes it over
+        later = conditions()
+    assert later[live.scope.key] == (operators.ABANDONED, operators.ABANDONED)
+    assert all(expected == shown for expected, shown in later.values())

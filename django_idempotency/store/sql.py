@@ -151,7 +151,7 @@ _COMPLETE_CALL = (
 )
 
 
-#: The completion for a large body (``settle.BOUND_BODY_BYTES``): every parameter typed,
+#: The completion for a large body (``records.postgresql.BOUND_BODY_BYTES``): every parameter typed,
 #: for a cursor that binds them on the server, the body as a binary parameter.
 _COMPLETE_BOUND_CALL = (
     "SELECT django_idempotency_complete(%(id)s::bigint, %(token)s::uuid, "

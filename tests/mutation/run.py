@@ -137,9 +137,9 @@ _HEARTBEAT_WINDOW_PG = (
     "UPDATE {TABLE} SET lease_until = {_NOW} + %(seconds)s * interval '1 second'\n",
 )
 _HEARTBEAT_WINDOW_ORM = (
-    "store/settle.py",
-    '_fenced(claim).update(lease_until=until, expires_at=Greatest(F("expires_at"), until))',
-    "_fenced(claim).update(lease_until=until)",
+    "store/records/portable.py",
+    'fenced(claim).update(lease_until=until, expires_at=Greatest(F("expires_at"), until))',
+    "fenced(claim).update(lease_until=until)",
 )
 _SWEEP_LEASE = (
     "retention/sweeper.py",
@@ -326,7 +326,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "S7",
-        "store/settle.py",
+        "store/records/base.py",
         "        pk=claim.record_id, owner_token=claim.owner_token, state=RecordState.CLAIMED\n",
         "        pk=claim.record_id, state=RecordState.CLAIMED\n",
         tests=("tests/store/test_state_machine.py",),
@@ -335,9 +335,9 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "S8",
-        "store/settle.py",
-        '    return bool(_fenced(claim).filter(recovery_point="")._raw_delete(claim.using))\n',
-        "    return bool(_fenced(claim)._raw_delete(claim.using))\n",
+        "store/records/portable.py",
+        '        return bool(fenced(claim).filter(recovery_point="")._raw_delete(self.using))\n',
+        "        return bool(fenced(claim)._raw_delete(self.using))\n",
         tests=("tests/protocol/test_phase_records.py", "tests/protocol/test_phases.py"),
         what="release deletes a record whose phase committed",
     ),
@@ -354,9 +354,9 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "S9",
-        "store/settle.py",
-        "    side = connection.in_atomic_block and claim.committed\n",
-        "    side = False\n",
+        "store/records/postgresql.py",
+        "        side = connection.in_atomic_block and claim.committed\n",
+        "        side = False\n",
         tests=("tests/store/test_state_machine.py", "tests/store/test_concurrency.py"),
         backends=(PG,),
         what="heartbeat inside the view's transaction, invisible until it commits",
@@ -511,8 +511,8 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "S14s",
-        "store/settle.py",
-        '            expires_at=Greatest(F("expires_at"), now_value(claim.using, claim.lease)),\n',
+        "store/records/portable.py",
+        '            expires_at=Greatest(F("expires_at"), now_value(self.using, claim.lease)),\n',
         "",
         tests=(f"{EDGES}::test_a_completion_after_the_window_stays_replayable",),
         backends=(SQLITE,),
@@ -533,9 +533,9 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "S15s",
-        "store/settle.py",
-        '_fenced(claim).update(lease_until=until, expires_at=Greatest(F("expires_at"), until))',
-        "_fenced(claim).update(lease_until=until)",
+        "store/records/portable.py",
+        'fenced(claim).update(lease_until=until, expires_at=Greatest(F("expires_at"), until))',
+        "fenced(claim).update(lease_until=until)",
         tests=(
             f"{EDGES}::test_a_live_lease_holds_its_partition_past_its_day",
             f"{RETENTION}::test_sweep_never_forgets_a_record_whose_lease_is_live",
@@ -590,7 +590,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "S17",
-        "store/settle.py",
+        "store/records/base.py",
         "        if sqlstate == SERIALIZATION_FAILURE:\n            raise LeaseLost(\n",
         "        if False:\n            raise LeaseLost(\n",
         tests=(f"{EDGES}::test_a_takeover_fences_the_original_with_409_at_stricter_levels",),
@@ -2104,7 +2104,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "OP5",
-        "store/settle.py",
+        "store/records/postgresql.py",
         "    if connection.queries_logged:\n        return connection.make_debug_cursor(raw)\n",
         "",
         tests=(

@@ -20,7 +20,7 @@ from django.test.utils import CaptureQueriesContext
 from django_idempotency import exceptions, store, transactions
 from django_idempotency.models import IdempotencyRecord
 from django_idempotency.store import presence
-from django_idempotency.store.settle import BOUND_BODY_BYTES
+from django_idempotency.store.records.postgresql import BOUND_BODY_BYTES
 from tests.support.factories import UserFactory
 from tests.support.faults import admin_connection, committed_elsewhere
 from tests.support.testapp.models import Widget

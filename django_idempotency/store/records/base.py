@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
-from django.db import connections
+from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from django_idempotency.store.values import BY_PRESENCE, Claim, Existing, Scope
+from django_idempotency.exceptions import LeaseLost
+from django_idempotency.models import IdempotencyRecord, RecordState
+from django_idempotency.store.isolation import SERIALIZATION_FAILURE
+from django_idempotency.store.rows import sqlstate_of
+from django_idempotency.store.sql import FENCED_SQLSTATE
+from django_idempotency.store.values import BY_PRESENCE, Claim, Existing, Headers, Scope
 
 
 class RecordStore:
@@ -86,6 +94,79 @@ class RecordStore:
             django.db.DatabaseError: the database failed.
         """
         raise NotImplementedError
+
+    def complete(self, claim: Claim, status: int, headers: Headers, body: bytes | None) -> None:
+        """Mark ``claim`` completed with a response, if this request still owns it.
+
+        Runs in the caller's transaction (the view's), so the record and the view's
+        writes commit together; the lease ends and the retention window is pushed to
+        end no earlier than a lease from now.
+
+        Args:
+            claim: the claim this request owns.
+            status: the response's HTTP status code.
+            headers: the stored headers, ``(name, value)`` pairs.
+            body: the stored (encoded) body; ``None`` when it was too large to keep.
+
+        Raises:
+            LeaseLost: the claim is no longer this request's (taken over, or its lease
+                ended by an operator).
+        """
+        raise NotImplementedError
+
+    def release(self, claim: Claim) -> bool:
+        """Delete ``claim`` if this request still owns it and no phase of it committed.
+
+        Returns:
+            Whether the record went.
+        """
+        raise NotImplementedError
+
+    def extend(self, claim: Claim, seconds: float) -> bool:
+        """Make ``claim``'s lease end ``seconds`` from now, if it is still this request's.
+
+        Committed at once where the store can (see ``store.settle.extend``); the
+        retention window is pushed to end no earlier than the lease.
+
+        Returns:
+            ``False`` when the claim was lost.
+
+        Raises:
+            HeartbeatUnavailable: the heartbeat cannot commit beside the caller's
+                transaction on this database.
+        """
+        raise NotImplementedError
+
+
+def fenced(claim: Claim) -> Any:
+    """The record of ``claim`` as a queryset, if this request still owns it (claimed, its token)."""
+    return IdempotencyRecord.objects.using(claim.using).filter(
+        pk=claim.record_id, owner_token=claim.owner_token, state=RecordState.CLAIMED
+    )
+
+
+@contextmanager
+def fenced_errors(claim: Claim) -> Iterator[None]:
+    """Turn a fenced write's failure into :class:`LeaseLost` where it means the claim was lost.
+
+    At REPEATABLE READ or SERIALIZABLE, PostgreSQL refuses to update a row changed since
+    the transaction's snapshot instead of re-checking the fence (SQLSTATE 40001): the
+    record was taken over (or its lease ended by an operator) while the view ran. The
+    completion function raises ``FENCED_SQLSTATE`` when its fence matches no row.
+    """
+    try:
+        yield
+    except DatabaseError as exc:
+        sqlstate = sqlstate_of(exc)
+        if sqlstate == SERIALIZATION_FAILURE:
+            raise LeaseLost(
+                f"record {claim.record_id}: changed by another request while this one ran"
+            ) from exc
+        if sqlstate == FENCED_SQLSTATE:
+            raise LeaseLost(
+                f"record {claim.record_id}: the lease was lost before completion"
+            ) from exc
+        raise
 
 
 def taken_over(

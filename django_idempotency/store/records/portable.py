@@ -9,11 +9,12 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Q
 from django.db.models.functions import Greatest
 
+from django_idempotency.exceptions import LeaseLost
 from django_idempotency.models import IdempotencyRecord, RecordState
 from django_idempotency.store import clock
-from django_idempotency.store.records.base import RecordStore, taken_over
+from django_idempotency.store.records.base import RecordStore, fenced, taken_over
 from django_idempotency.store.rows import fetch, now_value, scope_filter
-from django_idempotency.store.values import Claim, Existing, Scope
+from django_idempotency.store.values import Claim, Existing, Headers, Scope
 
 
 class PortableRecords(RecordStore):
@@ -97,3 +98,33 @@ class PortableRecords(RecordStore):
             owner_token=record.owner_token,  # type: ignore[misc]  # set on every row read
             expires_at__lte=now,
         )._raw_delete(self.using)
+
+    def complete(self, claim: Claim, status: int, headers: Headers, body: bytes | None) -> None:
+        """A fenced ``UPDATE``; its row count says whether the claim was still ours."""
+        now = now_value(self.using)
+        updated = fenced(claim).update(
+            state=RecordState.COMPLETED,
+            response_status=status,
+            response_headers=[list(pair) for pair in headers],
+            response_body=body,
+            completed_at=now,
+            lease_until=now,
+            expires_at=Greatest(F("expires_at"), now_value(self.using, claim.lease)),
+        )
+        if updated != 1:
+            raise LeaseLost(f"record {claim.record_id}: the lease was lost before completion")
+
+    def release(self, claim: Claim) -> bool:
+        """A fenced ``DELETE`` of a record without a recovery point.
+
+        ``.delete()`` would collect the rows first (outbox messages point here with
+        ``SET_NULL``) and then delete by primary key alone, unfenced.
+        """
+        return bool(fenced(claim).filter(recovery_point="")._raw_delete(self.using))
+
+    def extend(self, claim: Claim, seconds: float) -> bool:
+        """A fenced ``UPDATE`` in the caller's transaction, if one is open."""
+        until = now_value(self.using, seconds)
+        return bool(
+            fenced(claim).update(lease_until=until, expires_at=Greatest(F("expires_at"), until))
+        )

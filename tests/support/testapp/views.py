@@ -56,7 +56,7 @@ def label(request, name: str):
     return Response({"label": name}, status=status.HTTP_201_CREATED)
 
 
-#: A body large enough to be bound on the server (store.settle.BOUND_BODY_BYTES),
+#: A body large enough to be bound on the server (store.records.postgresql.BOUND_BODY_BYTES),
 #: every byte value in it.
 LARGE_BODY = bytes(range(256)) * 1024
 
