@@ -335,7 +335,7 @@ MUTANTS: list[Mutant] = [
     ),
     m(
         "S8",
-        "store/records/portable.py",
+        "store/records/base.py",
         '        return bool(fenced(claim).filter(recovery_point="")._raw_delete(self.using))\n',
         "        return bool(fenced(claim)._raw_delete(self.using))\n",
         tests=("tests/protocol/test_phase_records.py", "tests/protocol/test_phases.py"),

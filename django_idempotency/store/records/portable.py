@@ -21,8 +21,10 @@ class PortableRecords(RecordStore):
     """The claim through the ORM; see :class:`RecordStore` for each method.
 
     An insert in a short transaction against the unique constraint, then a read; the
-    takeover and the forgetting are conditional ``UPDATE`` and ``DELETE`` statements.
-    No owner presence: the lease alone ends a claim.
+    takeover and the forgetting are conditional ``UPDATE`` and ``DELETE`` statements, and
+    the completion and the heartbeat ``UPDATE`` statements fenced by the owner token (the
+    heartbeat joins the caller's transaction: SQLite has one writer per database). No
+    owner presence: the lease alone ends a claim.
     """
 
     def insert(
@@ -113,14 +115,6 @@ class PortableRecords(RecordStore):
         )
         if updated != 1:
             raise LeaseLost(f"record {claim.record_id}: the lease was lost before completion")
-
-    def release(self, claim: Claim) -> bool:
-        """A fenced ``DELETE`` of a record without a recovery point.
-
-        ``.delete()`` would collect the rows first (outbox messages point here with
-        ``SET_NULL``) and then delete by primary key alone, unfenced.
-        """
-        return bool(fenced(claim).filter(recovery_point="")._raw_delete(self.using))
 
     def extend(self, claim: Claim, seconds: float) -> bool:
         """A fenced ``UPDATE`` in the caller's transaction, if one is open."""

@@ -21,7 +21,7 @@ from django_idempotency.store.isolation import (
     strict_databases,
     stricter_than_read_committed,
 )
-from django_idempotency.store.records.base import RecordStore, fenced, fenced_errors, taken_over
+from django_idempotency.store.records.base import RecordStore, fenced_errors, taken_over
 from django_idempotency.store.rows import (
     existing_from_row,
     pg_params,
@@ -237,7 +237,7 @@ class PostgresRecords(RecordStore):
         """One fenced ``DELETE``; it drops the presence lock too where the claim holds it."""
         connection = self.connection
         if not (claim.present and presence.holds(claim) and not connection.in_atomic_block):
-            return bool(fenced(claim).filter(recovery_point="")._raw_delete(self.using))
+            return super().release(claim)
         params: dict[str, Any] = {
             "id": claim.record_id,
             "token": claim.owner_token,
