@@ -27,7 +27,7 @@ from django_idempotency.protocol.begin import fit
 from django_idempotency.protocol.context import IdempotencyContext, running
 from django_idempotency.protocol.execute import executed
 from django_idempotency.protocol.keys import check_key
-from django_idempotency.protocol.release import release_claim
+from django_idempotency.protocol.release import announce, release_claim
 from django_idempotency.store import presence
 from django_idempotency.store.routing import record_database
 from django_idempotency.transactions import write_guard
@@ -195,17 +195,7 @@ def once(
             yield _existing(scope, fp, found)
             return
         claim = found
-        try:
-            signals.claimed.send(
-                scope.endpoint,
-                taken_over=claim.taken_over,
-                presence=claim.by_presence,
-                cause=claim.takeover_cause,
-                **scope_fields(scope),
-            )
-        except BaseException:  # a receiver failed: the block will not run
-            store.abandon(claim)  # nothing ran: the key is free for a retry at once
-            raise
+        announce(claim)
         context = IdempotencyContext(claim, lease=lease)
         attempt = Attempt(done=False, result=None, context=context)
         started = time.monotonic()

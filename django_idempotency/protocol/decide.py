@@ -25,6 +25,7 @@ from django_idempotency.protocol.decisions import CANNOT_RUN, CannotRun, Proceed
 from django_idempotency.protocol.digests import Fingerprint, differing_parts
 from django_idempotency.protocol.keys import HEADER
 from django_idempotency.protocol.options import Options
+from django_idempotency.protocol.release import announce
 from django_idempotency.protocol.responses import REPLAYED_HEADER, HeaderPolicy, build
 from django_idempotency.store import operators, presence, tenants
 
@@ -101,17 +102,7 @@ def decide(
         if result is None:
             return CANNOT_RUN
         if isinstance(result, store.Claim):
-            try:
-                signals.claimed.send(
-                    scope.endpoint,
-                    taken_over=result.taken_over,
-                    presence=result.by_presence,
-                    cause=result.takeover_cause,
-                    **signal_kwargs,
-                )
-            except BaseException:  # a receiver failed: this request will not run the view
-                store.abandon(result)  # nothing ran: the key is free for a retry at once
-                raise
+            announce(result)
             return Proceed(result, options, view_name)
         verdict = store.judge(result, fp.value)
         if verdict is store.Verdict.MISMATCH:

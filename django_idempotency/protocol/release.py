@@ -1,9 +1,11 @@
-"""The release of a claim.
+"""A claim announced, and a claim released.
 
-The single-transaction execution (``execute``), the phased one (``phases``) and the
-inbox's ``once()`` blocks release a claim the same way: the record is deleted (fenced
-by the owner token) and the ``released`` signal is sent; a store that fails meanwhile
-is logged, and the lease runs out on its own.
+A view (``decide``) and the inbox's ``once()`` blocks announce a claim they own the
+same way (:func:`announce`: the ``claimed`` signal; a receiver that raises gives the
+claim up). The single-transaction execution (``execute``), the phased one (``phases``)
+and ``once()`` release a claim the same way (:func:`release_claim`): the record is
+deleted (fenced by the owner token) and the ``released`` signal is sent; a store that
+fails meanwhile is logged, and the lease runs out on its own.
 """
 
 from __future__ import annotations
@@ -16,6 +18,26 @@ from django_idempotency import signals, store
 from django_idempotency.logs import scope_fields
 
 logger = logging.getLogger("django_idempotency")
+
+
+def announce(claim: store.Claim) -> None:
+    """Send ``claimed`` for ``claim``, which this request now owns.
+
+    Raises:
+        Whatever a receiver raised, after the claim was given up (``store.abandon``):
+        nothing ran under it, so a retry runs at once (or resumes a phased claim).
+    """
+    try:
+        signals.claimed.send(
+            claim.scope.endpoint,
+            taken_over=claim.taken_over,
+            presence=claim.by_presence,
+            cause=claim.takeover_cause,
+            **scope_fields(claim.scope),
+        )
+    except BaseException:  # a receiver failed: nothing will run under this claim
+        store.abandon(claim)  # nothing ran: the key is free for a retry at once
+        raise
 
 
 def release_claim(claim: store.Claim, status: int | None) -> None:
