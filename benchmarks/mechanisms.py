@@ -1,11 +1,16 @@
-"""What each speed mechanism of the app gains: A/B on the minimal view, over real HTTP.
+"""What each speed mechanism of the app gains: A/B on a view over real HTTP.
 
 Not a test: a measurement. For each mechanism (``minimal_app/without.py`` names them)
-it starts two gunicorn servers of ``benchmarks/minimal_app`` on one throwaway
-PostgreSQL database: **A** as shipped, **B** with that one mechanism turned off
-(``BENCH_WITHOUT``). It sends keyed first executions (a new ``Idempotency-Key`` each)
-to A and B in alternating rounds (A B, B A, ...), so both see the same machine, and
-prints per mechanism:
+it starts two gunicorn servers on one throwaway PostgreSQL database: **A** as shipped,
+**B** with that one mechanism turned off (``BENCH_WITHOUT``). ``--app minimal`` (the
+default) serves ``benchmarks/minimal_app`` (gthread workers); ``--app leasebroker``
+serves the example project's create, ``POST /v1/workers``, from ``example_project/`` as
+``http_bench.py`` does (sync workers, 4 by default; the create as one transaction; the
+fake hypervisor's file and the Celery broker's folder in a temporary directory),
+through ``leasebroker_wsgi.py``, which applies ``BENCH_WITHOUT`` in B's process. It
+sends keyed first executions (a new ``Idempotency-Key`` each) to A and B in
+alternating rounds (A B, B A, ...), so both see the same machine, and prints per
+mechanism:
 
 * the gain in throughput, A's requests/s over B's, minus 1 (the median of the rounds'
   ratios, and their range), at each client count;
@@ -21,6 +26,7 @@ several runs (``--runs``). Usage::
     python benchmarks/mechanisms.py                          # loopback, 3 runs
     python benchmarks/mechanisms.py --db-latency-ms 0.5      # a 1 ms round trip
     python benchmarks/mechanisms.py --mechanisms cached_table_facts,nothing --runs 5
+    python benchmarks/mechanisms.py --app leasebroker --db-latency-ms 0.5
 
 Results and their reading: docs/contributing/performance.md. Needs gunicorn, httpx
 and psycopg (the example extra).
@@ -35,13 +41,17 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from http_bench import cpu_sample, load  # noqa: E402
+from http_bench import PATH as LEASEBROKER_PATH  # noqa: E402
+from http_bench import TOKEN as LEASEBROKER_TOKEN  # noqa: E402
+from http_bench import body, cpu_sample, load  # noqa: E402
+from http_bench import server_env as leasebroker_server_env  # noqa: E402
 from latency_proxy import LatencyProxy, behind_proxy  # noqa: E402
 from minimal_app.without import MECHANISMS  # noqa: E402
 from minimal_view import (  # noqa: E402
@@ -53,7 +63,56 @@ from minimal_view import (  # noqa: E402
     server_env,
 )
 
-from storm.server import SetupError, ThrowawayDatabase  # noqa: E402
+from storm.server import Gunicorn, SetupError, ThrowawayDatabase, manage  # noqa: E402
+from workers.demo_principals import DEMO_TOKENS  # noqa: E402
+
+APPS = ("minimal", "leasebroker")
+
+
+class LeasebrokerServer(Gunicorn):
+    """leasebroker as ``http_bench.py`` runs it, through ``leasebroker_wsgi.py``."""
+
+    def start(self, token: str) -> None:
+        # Ready when it lists bob's workers, which stay none: alice's list grows with
+        # every create, past the readiness probe's timeout behind the latency proxy.
+        super().start(DEMO_TOKENS["bob"])
+
+    def command(self) -> list[str]:
+        command = super().command()
+        command[command.index("leasebroker.wsgi:application")] = "leasebroker_wsgi:application"
+        return command
+
+
+def app_env(url: str, args: argparse.Namespace) -> dict[str, str]:
+    """The environment of ``args.app``'s servers (and set-up) on the database at ``url``."""
+    if args.app == "minimal":
+        return server_env(url)
+    env = leasebroker_server_env(url, args, atomic=False)
+    env.update(
+        # leasebroker_wsgi and minimal_app.without, then the package of this checkout.
+        PYTHONPATH=os.pathsep.join(
+            p for p in (str(HERE), str(HERE.parent), env.get("PYTHONPATH")) if p
+        ),
+        LEASEBROKER_HYPERVISOR_DB=str(args.var / "hypervisor.sqlite3"),
+        LEASEBROKER_BROKER_DIR=str(args.var / "broker"),
+    )
+    return env
+
+
+def app_server(env: dict[str, str], args: argparse.Namespace) -> Gunicorn:
+    if args.app == "minimal":
+        return MinimalServer(env, workers=args.workers, threads=args.threads)
+    return LeasebrokerServer(env, workers=args.workers)
+
+
+def prepare_app(url: str, args: argparse.Namespace) -> str:
+    """Migrate the throwaway database and create the benchmark's user; its token."""
+    env = app_env(url, args)
+    if args.app == "minimal":
+        return prepare(env)
+    manage(env, "migrate", "--noinput", "-v", "0")
+    manage(env, "create_demo_principals")
+    return LEASEBROKER_TOKEN
 
 
 def measure_pair(
@@ -65,12 +124,13 @@ def measure_pair(
 ) -> dict[str, Any]:
     """A and B (``mechanism`` off) in alternating rounds; the ratios per client count."""
     servers = {
-        "A": MinimalServer(env, workers=args.workers, threads=args.threads),
-        "B": MinimalServer(
-            {**env, "BENCH_WITHOUT": mechanism}, workers=args.workers, threads=args.threads
-        ),
+        "A": app_server(env, args),
+        "B": app_server({**env, "BENCH_WITHOUT": mechanism}, args),
     }
-    request = {"data": BODY, "token": token, "path": PATH}
+    if args.app == "minimal":
+        request = {"data": BODY, "token": token, "path": PATH}
+    else:
+        request = {"data": body("bench"), "token": token, "path": LEASEBROKER_PATH}
     out: dict[str, Any] = {"mechanism": mechanism, "clients": {}}
     try:
         for server in servers.values():
@@ -115,11 +175,11 @@ def measure_pair(
 
 def run_once(url: str, token: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     """Every mechanism once, on a database behind the proxy if asked."""
-    env = server_env(url)
     with contextlib.ExitStack() as stack:
         proxy = None
         if args.db_latency_ms is not None:
-            proxy, env["DATABASE_URL"] = behind_proxy(stack, url, args.db_latency_ms)
+            proxy, url = behind_proxy(stack, url, args.db_latency_ms)
+        env = app_env(url, args)
         results = []
         for mechanism in args.mechanisms:
             results.append(measure_pair(env, token, mechanism, args, proxy))
@@ -171,6 +231,14 @@ def markdown(runs: list[list[dict[str, Any]]], clients: list[int]) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_server_arguments(parser)
+    parser.set_defaults(workers=None, conn_max_age=600)  # conn_max_age: leasebroker's
+    parser.add_argument(
+        "--app",
+        choices=APPS,
+        default="minimal",
+        help="minimal: benchmarks/minimal_app (gthread, 2 workers); leasebroker: the "
+        "example project's create, POST /v1/workers (sync, 4 workers), as http_bench.py runs it",
+    )
     parser.add_argument(
         "--mechanisms",
         default=",".join(MECHANISMS),
@@ -182,6 +250,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--runs", type=int, default=3, help="runs over every mechanism")
     args = parser.parse_args(argv)
     args.clients = [int(c) for c in args.clients.split(",")]
+    if args.workers is None:
+        args.workers = 2 if args.app == "minimal" else 4
     args.mechanisms = [m for m in args.mechanisms.split(",") if m]
     unknown = set(args.mechanisms) - set(MECHANISMS)
     if unknown:
@@ -192,7 +262,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     print(
-        f"mechanisms: Python {platform.python_version()}, {os.cpu_count()} CPUs, "
+        f"mechanisms, {args.app}: Python {platform.python_version()}, {os.cpu_count()} CPUs, "
         f"{args.requests} requests x {args.rounds} rounds each of A and B, {args.runs} runs, "
         f"db latency {args.db_latency_ms if args.db_latency_ms is not None else 'loopback'} ms, "
         f"load average {os.getloadavg()[0]:.2f}"
@@ -202,10 +272,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         db.create()
         try:
-            token = prepare(server_env(db.url))
-            for number in range(args.runs):
-                print(f"  run {number + 1} (load average {os.getloadavg()[0]:.2f})")
-                runs.append(run_once(db.url, token, args))
+            with tempfile.TemporaryDirectory(prefix="mechanisms-") as var:
+                args.var = Path(var)
+                token = prepare_app(db.url, args)
+                for number in range(args.runs):
+                    print(f"  run {number + 1} (load average {os.getloadavg()[0]:.2f})")
+                    runs.append(run_once(db.url, token, args))
         finally:
             db.drop()
     except SetupError as exc:

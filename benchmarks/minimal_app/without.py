@@ -1,21 +1,31 @@
 """The app with one of its speed mechanisms turned off, for ``benchmarks/mechanisms.py``.
 
-``BENCH_WITHOUT=<name>`` in the server's environment (read by ``wsgi.py`` once Django
-is set up) replaces one piece of django_idempotency in this process by the plain way of
-doing the same thing, so that an A/B run measures what the mechanism gains. Every
-variant keeps the protocol's guarantees; only the statements sent, or how many round
-trips they take, change. Nothing here is part of the package: it patches module
-attributes of this benchmark server's process only.
+``BENCH_WITHOUT=<name>`` in the server's environment (read by the benchmark's WSGI
+entry points, ``minimal_app/wsgi.py`` and ``leasebroker_wsgi.py``, once Django is set
+up) replaces one piece of django_idempotency in this process by the plain way of doing
+the same thing, so that an A/B run measures what the mechanism gains. Every variant
+keeps the protocol's guarantees; only the statements sent, or how many round trips they
+take, change. Nothing here is part of the package: it patches attributes of this
+benchmark server's process only, and fails (``AttributeError``) when a name it patches
+is gone, rather than patching nothing. ``tests/benchmarks/test_mechanism_switches.py``
+checks that each variant turns its mechanism off.
 
 Names (``MECHANISMS``):
 
 * ``async_claim_commit``: the claim's ``COMMIT`` waits for the WAL flush
-  (``synchronous_commit`` left on);
+  (``synchronous_commit`` left on): the claim's statement is given
+  ``async_commit = false`` (``store.records.postgresql``);
 * ``pruned_completion``: the completion is not given the partition key, so it plans
-  and scans every day partition;
+  and scans every day partition: the PostgreSQL claim returns its ``Claim`` without
+  ``sweep_after``, which only the completion reads, wherever the completion lives;
 * ``cached_table_facts``: the table kind and server port are read from the catalog
-  before every claim (one query more per claim);
+  before every claim (one query more per claim): the claim's ``is_partitioned`` forgets
+  the cache first;
 * ``nothing``: nothing changes: the control, whose A/B difference is the noise.
+
+Each variant takes ``replace(target, name, value)``, which sets an attribute that must
+exist: :func:`apply` sets it for the life of the process, a test passes
+``monkeypatch.setattr``.
 """
 
 from __future__ import annotations
@@ -24,57 +34,77 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+#: ``replace(target, name, value)``: set ``target.name``, which must exist.
+Replace = Callable[[Any, str, Any], None]
 
-def _async_claim_commit() -> None:
-    from django_idempotency.store import claims
 
-    original = claims.pg_params
+def _replace(target: Any, name: str, value: Any) -> None:
+    if not hasattr(target, name):
+        raise AttributeError(
+            f"{getattr(target, '__name__', target)!r} has no {name!r}: the mechanism moved, "
+            "update benchmarks/minimal_app/without.py"
+        )
+    setattr(target, name, value)
+
+
+def _async_claim_commit(replace: Replace) -> None:
+    from django_idempotency.store.records import postgresql
+
+    original = postgresql.pg_params
 
     def pg_params(*args: Any, **kwargs: Any) -> Any:
         return original(*args, **{**kwargs, "async_commit": False})
 
-    claims.pg_params = pg_params  # type: ignore[assignment]
+    replace(postgresql, "pg_params", pg_params)  # where PostgresRecords.insert calls it
 
 
-def _pruned_completion() -> None:
-    from django_idempotency import store
-    from django_idempotency.store import settle
+def _pruned_completion(replace: Replace) -> None:
+    from django_idempotency.store.records.postgresql import PostgresRecords
+    from django_idempotency.store.values import Claim
 
-    original = settle.complete
+    original = PostgresRecords.insert
 
-    def complete(claim: Any, response: Any) -> None:
-        original(dataclasses.replace(claim, sweep_after=None), response)
+    def insert(self: PostgresRecords, *args: Any, **kwargs: Any) -> Any:
+        found = original(self, *args, **kwargs)
+        if isinstance(found, Claim):
+            return dataclasses.replace(found, sweep_after=None)
+        return found
 
-    settle.complete = complete  # type: ignore[assignment]
-    store.complete = complete  # type: ignore[attr-defined]
+    replace(PostgresRecords, "insert", insert)
 
 
-def _cached_table_facts() -> None:
-    from django_idempotency.store import catalog, claims
+def _cached_table_facts(replace: Replace) -> None:
+    from django_idempotency.store import catalog
+    from django_idempotency.store.records import postgresql
 
-    original = claims.is_partitioned
+    original = postgresql.is_partitioned
 
     def is_partitioned(connection: Any) -> bool:
         catalog.forget()
         return original(connection)
 
-    claims.is_partitioned = is_partitioned  # type: ignore[assignment]
+    replace(postgresql, "is_partitioned", is_partitioned)  # where PostgresRecords.insert calls it
 
 
-MECHANISMS: dict[str, Callable[[], None]] = {
+MECHANISMS: dict[str, Callable[[Replace], None]] = {
     "async_claim_commit": _async_claim_commit,
     "pruned_completion": _pruned_completion,
     "cached_table_facts": _cached_table_facts,
-    "nothing": lambda: None,
+    "nothing": lambda replace: None,
 }
 
 
-def apply(name: str) -> None:
+def apply(name: str, *, replace: Replace = _replace) -> None:
     """Turn the mechanism ``name`` off in this process.
+
+    Args:
+        name: one of :data:`MECHANISMS`.
+        replace: how an attribute is set (``monkeypatch.setattr`` in a test).
 
     Raises:
         ValueError: ``name`` is not one of :data:`MECHANISMS`.
+        AttributeError: a name the variant patches no longer exists.
     """
     if name not in MECHANISMS:
         raise ValueError(f"BENCH_WITHOUT={name!r}: one of {', '.join(MECHANISMS)}")
-    MECHANISMS[name]()
+    MECHANISMS[name](replace)
