@@ -79,7 +79,6 @@ def explain(url: str, count: int) -> dict[str, Any]:
                 "clock_offset": 0.0,
                 "take": False,
                 "test": True,
-                "async_commit": True,
                 "request_path": "/items",
             }
             with conn.transaction():

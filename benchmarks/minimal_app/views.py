@@ -48,12 +48,11 @@ class ItemCreate(IdempotentMixin, APIView):
         return Response({"ready": True})
 
 
-#: The floor's claim: one statement in autocommit, its COMMIT not waiting for the WAL
-#: flush (as django_idempotency's claim does); no row when the key is taken.
+#: The floor's claim: one statement in autocommit (as django_idempotency's claim is); no
+#: row when the key is taken.
 FLOOR_CLAIM_SQL = f"""
-WITH async AS (SELECT set_config('synchronous_commit', 'off', true))
 INSERT INTO {FloorRecord._meta.db_table} (principal, key)
-SELECT %s, %s FROM async
+VALUES (%s, %s)
 ON CONFLICT (principal, key) DO NOTHING
 RETURNING id
 """
@@ -132,7 +131,6 @@ class ItemCreateSql(APIView):
                     "clock_offset": 0.0,
                     "take": True,
                     "test": True,
-                    "async_commit": True,
                     "request_path": request.path,
                 },
             )

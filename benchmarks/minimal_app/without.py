@@ -12,9 +12,6 @@ checks that each variant turns its mechanism off.
 
 Names (``MECHANISMS``):
 
-* ``async_claim_commit``: the claim's ``COMMIT`` waits for the WAL flush
-  (``synchronous_commit`` left on): the claim's statement is given
-  ``async_commit = false`` (``store.records.postgresql``);
 * ``pruned_completion``: the completion is not given the partition key, so it plans
   and scans every day partition: the PostgreSQL claim returns its ``Claim`` without
   ``sweep_after``, which only the completion reads, wherever the completion lives;
@@ -47,17 +44,6 @@ def _replace(target: Any, name: str, value: Any) -> None:
     setattr(target, name, value)
 
 
-def _async_claim_commit(replace: Replace) -> None:
-    from django_idempotency.store.records import postgresql
-
-    original = postgresql.pg_params
-
-    def pg_params(*args: Any, **kwargs: Any) -> Any:
-        return original(*args, **{**kwargs, "async_commit": False})
-
-    replace(postgresql, "pg_params", pg_params)  # where PostgresRecords.insert calls it
-
-
 def _pruned_completion(replace: Replace) -> None:
     from django_idempotency.store.records.postgresql import PostgresRecords
     from django_idempotency.store.values import Claim
@@ -87,7 +73,6 @@ def _cached_table_facts(replace: Replace) -> None:
 
 
 MECHANISMS: dict[str, Callable[[Replace], None]] = {
-    "async_claim_commit": _async_claim_commit,
     "pruned_completion": _pruned_completion,
     "cached_table_facts": _cached_table_facts,
     "nothing": lambda replace: None,

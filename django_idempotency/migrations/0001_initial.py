@@ -65,7 +65,7 @@ CLAIM_FUNCTION = """
 CREATE OR REPLACE FUNCTION django_idempotency_claim(
     p_principal varchar, p_endpoint varchar, p_key varchar, p_fingerprint varchar,
     p_token uuid, p_lease float8, p_retention float8, p_clock_offset float8,
-    p_take boolean, p_test boolean, p_async_commit boolean, p_request_path varchar
+    p_take boolean, p_test boolean, p_request_path varchar
 ) RETURNS TABLE (
     won boolean, id bigint, owner_token uuid, state varchar, fingerprint varchar,
     recovery_point varchar, lease_remaining float8, expired boolean,
@@ -88,12 +88,6 @@ BEGIN
             USING ERRCODE = 'feature_not_supported',
                   HINT = 'Use READ COMMITTED (Django''s default) for the idempotency '
                          'database, or keep the plain table: see docs/retention.md.';
-    END IF;
-    IF p_async_commit THEN
-        -- The claim is its own transaction: its COMMIT need not wait for the WAL
-        -- flush. The view's transaction commits after it in the same WAL and waits,
-        -- so no completion is ever durable without its claim (docs/benchmarks.md).
-        PERFORM set_config('synchronous_commit', 'off', true);
     END IF;
     -- 1. Serialise every writer of this scope until this transaction ends.
     PERFORM pg_advisory_xact_lock(hashtextextended(p_principal || chr(31) || p_endpoint || chr(31) || p_key, 7310034283826791680));

@@ -41,14 +41,6 @@ _KEY = presence_key()
 #: statement that ends up not owning the record keeps nothing), then the session lock
 #: once the row is surely its own (reentrant: it cannot wait).
 _TAKE = f"CASE WHEN %(take)s AND pg_try_advisory_xact_lock({_KEY}) THEN pg_backend_pid() END"
-#: ``''`` that, when ``%(async_commit)s`` (the claim is its own transaction), lets its
-#: COMMIT skip the wait for the WAL flush (``SET LOCAL synchronous_commit = off``): the
-#: view's transaction commits after it in the same WAL and waits, so a completion is
-#: never durable without its claim (docs/benchmarks.md, "The claim's commit").
-_ASYNC_COMMIT = (
-    "CASE WHEN %(async_commit)s THEN left(set_config('synchronous_commit', 'off', true), 0) "
-    "ELSE '' END"
-)
 _HOLD = f"CASE WHEN owner_pid IS NOT NULL THEN pg_try_advisory_lock({_KEY}) ELSE false END"
 
 
@@ -93,7 +85,7 @@ WITH claimed AS (
     )
     VALUES (
         %(principal)s, %(endpoint)s, %(key)s, %(fingerprint)s, 'claimed', %(token)s,
-        {_NOW} + %(lease)s * interval '1 second', {_ASYNC_COMMIT}, '[]'::jsonb, {_NOW},
+        {_NOW} + %(lease)s * interval '1 second', '', '[]'::jsonb, {_NOW},
         {_WINDOW_END}, {_WINDOW_END}, {_TAKE}, %(request_path)s
     )
     ON CONFLICT (principal, endpoint, key) DO NOTHING
@@ -269,7 +261,7 @@ FROM django_idempotency_claim(
     %(principal)s::varchar, %(endpoint)s::varchar, %(key)s::varchar,
     %(fingerprint)s::varchar, %(token)s::uuid, %(lease)s::float8,
     %(retention)s::float8, %(clock_offset)s::float8, %(take)s::boolean,
-    %(test)s::boolean, %(async_commit)s::boolean, %(request_path)s::varchar)
+    %(test)s::boolean, %(request_path)s::varchar)
 """
 
 

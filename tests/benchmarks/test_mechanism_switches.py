@@ -80,7 +80,6 @@ def test_every_switch_is_named_and_unknown_names_are_refused() -> None:
     """The A/B's names are the switches' names; a name that is none of them is refused."""
     without = _without()
     assert set(without.MECHANISMS) == {
-        "async_claim_commit",
         "pruned_completion",
         "cached_table_facts",
         "nothing",
@@ -109,18 +108,6 @@ def test_without_cached_table_facts_every_claim_reads_the_catalog(
 
 
 @pytest.mark.postgres
-def test_without_async_claim_commit_the_claim_commits_synchronously(
-    record_table: str, monkeypatch: pytest.MonkeyPatch, sent: list[tuple[str, Any]]
-) -> None:
-    """As shipped the claim, its own transaction, asks for ``synchronous_commit = off``;
-    switched off, it does not."""
-    first_execution()
-    turn_off("async_claim_commit", monkeypatch)
-    first_execution()
-    assert [p["async_commit"] for p in params_of(sent, "%(async_commit)s")] == [True, False]
-
-
-@pytest.mark.postgres
 def test_without_pruned_completion_the_completion_is_not_given_the_partition_key(
     record_table: str, monkeypatch: pytest.MonkeyPatch, sent: list[tuple[str, Any]]
 ) -> None:
@@ -142,11 +129,10 @@ def test_without_pruned_completion_the_completion_is_not_given_the_partition_key
 def test_the_control_changes_nothing(
     record_table: str, monkeypatch: pytest.MonkeyPatch, sent: list[tuple[str, Any]]
 ) -> None:
-    """``nothing``, the A/B's control: the claim stays asynchronous, the facts cached, and
-    the completion keeps its partition key."""
+    """``nothing``, the A/B's control: the facts stay cached, and the completion keeps its
+    partition key."""
     first_execution()
     turn_off("nothing", monkeypatch)
     assert catalog_reads(2) == 0
-    assert all(p["async_commit"] for p in params_of(sent, "%(async_commit)s"))
     keys = [p["sweep_after"] for p in params_of(sent, "django_idempotency_complete(")]
     assert all((key is not None) == (record_table == "partitioned") for key in keys)

@@ -74,7 +74,6 @@ def raw_claim(sc: store.Scope, fp: str, offset: float, *, lease: float = 30) -> 
         "clock_offset": offset,
         "take": False,  # no presence lock: these claims are read, never completed
         "test": True,
-        "async_commit": True,
         "request_path": "/jobs",
     }
     with connection.cursor() as cursor:

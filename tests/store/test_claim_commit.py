@@ -1,11 +1,8 @@
-"""The first execution's two cheapest savings, and what guards them (docs/benchmarks.md).
+"""The completion's fence, and the transaction it commits in (docs/benchmarks.md).
 
-* The claim commits without waiting for the WAL flush when it is its own transaction
-  (``synchronous_commit = off`` for that transaction only), never inside a caller's
-  transaction, whose writes must stay durable at their COMMIT.
-* The completion names the record's partition key (``sweep_after``, returned by the
-  partitioned claim), so PostgreSQL touches one day partition; the key is part of the
-  fence.
+The completion names the record's partition key (``sweep_after``, returned by the
+partitioned claim), so PostgreSQL touches one day partition; the key is part of the
+fence.
 
 The completion is a fenced statement inside the view's transaction, which the app's
 block then commits: a lost lease rolls the view's writes back, and a deferred constraint
@@ -18,12 +15,10 @@ import dataclasses
 import uuid
 
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 
 from django_idempotency import exceptions, store, transactions
 from django_idempotency.models import IdempotencyRecord
-from django_idempotency.store import rows as store_rows
-from django_idempotency.store.records import postgresql as pg_records
 from tests.support.concurrency import token_client
 from tests.support.factories import TokenFactory
 from tests.support.faults import committed_elsewhere
@@ -39,45 +34,10 @@ def scope() -> store.Scope:
     return store.Scope("commit-tests", "POST /orders", str(uuid.uuid4()))
 
 
-def synchronous_commit() -> str:
-    with connection.cursor() as cursor:
-        cursor.execute("SHOW synchronous_commit")
-        return str(cursor.fetchone()[0])
-
-
 def claim(sc: store.Scope) -> store.Claim:
     won = store.claim(sc, FP, lease=30, retention=3600)
     assert isinstance(won, store.Claim)
     return won
-
-
-def test_an_own_transaction_claim_leaves_the_session_synchronous(record_table):
-    won = claim(scope())
-    assert synchronous_commit() == "on"  # SET LOCAL: gone with the claim's transaction
-    with transaction.atomic():
-        store.complete(won, RESPONSE)
-        assert synchronous_commit() == "on"  # the view's COMMIT waits for the flush
-
-
-def test_a_claim_inside_a_callers_transaction_never_makes_it_asynchronous(record_table):
-    with transaction.atomic():
-        claim(scope())
-        assert synchronous_commit() == "on"
-
-
-def test_the_claim_statement_commits_asynchronously_when_asked(record_table, monkeypatch):
-    """What the statement does with ``async_commit``, seen inside an explicit block."""
-    seen: list[str] = []
-    real = store_rows.pg_params
-
-    def in_block(sc: store.Scope, **extra: object) -> dict[str, object]:
-        return real(sc, **{**extra, "async_commit": True})
-
-    monkeypatch.setattr(pg_records, "pg_params", in_block)  # where the claim calls it
-    with transaction.atomic():
-        claim(scope())
-        seen.append(synchronous_commit())
-    assert seen == ["off"]
 
 
 def test_the_completion_is_fenced_by_the_partition_key_too(record_table):

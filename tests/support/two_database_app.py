@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from django.db import close_old_connections, connection, connections, transaction
+from django.db import close_old_connections, connections, transaction
 from django.http import HttpRequest, JsonResponse, StreamingHttpResponse
 from django.test import Client
 from django.urls import path
@@ -237,12 +237,6 @@ def widgets(alias: str) -> int:
 
 def completed(alias: str) -> int:
     return IdempotencyRecord.objects.using(alias).filter(state=RecordState.COMPLETED).count()
-
-
-def synchronous_commit() -> str:
-    with connection.cursor() as cursor:
-        cursor.execute("SHOW synchronous_commit")
-        return str(cursor.fetchone()[0])
 
 
 def advisory_locks_held(pid: int | None = None) -> int:

@@ -17,7 +17,6 @@ from django_idempotency.store.isolation import (
     NOT_READ_COMMITTED,
     SERIALIZATION_FAILURE,
     claim_transaction,
-    own_transaction,
     strict_databases,
     stricter_than_read_committed,
 )
@@ -91,9 +90,6 @@ class PostgresRecords(RecordStore):
             retention=retention,
             take=take,
             test=presence.tests(connection),
-            # Its own transaction (not a caller's): its COMMIT need not wait for the
-            # WAL flush, the view's later COMMIT flushes it (docs/benchmarks.md).
-            async_commit=own_transaction(connection),
             request_path=request_path,
         )
         sql = PG_PARTITIONED_CLAIM_SQL if is_partitioned(connection) else PG_CLAIM_SQL

@@ -93,13 +93,12 @@ RECORD_FILLFACTOR = 75
 #: spent lease. ``p_take``: this session may hold the record's presence lock (a direct
 #: connection); the new owner then holds it (``present``) and its pid is stored in
 #: ``owner_pid``. ``p_test``: whether ``owner_gone`` may be tested
-#: (``sql.owner_gone``). ``p_async_commit``: the claim is its own transaction, whose
-#: COMMIT need not wait for the WAL flush.
+#: (``sql.owner_gone``).
 CLAIM_FUNCTION = f"""
 CREATE OR REPLACE FUNCTION django_idempotency_claim(
     p_principal varchar, p_endpoint varchar, p_key varchar, p_fingerprint varchar,
     p_token uuid, p_lease float8, p_retention float8, p_clock_offset float8,
-    p_take boolean, p_test boolean, p_async_commit boolean, p_request_path varchar
+    p_take boolean, p_test boolean, p_request_path varchar
 ) RETURNS TABLE (
     won boolean, id bigint, owner_token uuid, state varchar, fingerprint varchar,
     recovery_point varchar, lease_remaining float8, expired boolean,
@@ -116,12 +115,6 @@ DECLARE
     v_pid integer;
     v_presence bigint := {_PRESENCE_LOCK_KEY};
 BEGIN{_READ_COMMITTED_ONLY}
-    IF p_async_commit THEN
-        -- The claim is its own transaction: its COMMIT need not wait for the WAL
-        -- flush. The view's transaction commits after it in the same WAL and waits,
-        -- so no completion is ever durable without its claim (docs/benchmarks.md).
-        PERFORM set_config('synchronous_commit', 'off', true);
-    END IF;
     -- 1. Serialise every writer of this scope until this transaction ends.
     PERFORM {_SCOPE_LOCK.format(p="p_")};
     v_now := clock_timestamp() + p_clock_offset * interval '1 second';
@@ -259,6 +252,6 @@ COMPLETE_SIGNATURE = (
 DROP_PARTITION_FUNCTIONS = [
     "DROP FUNCTION IF EXISTS django_idempotency_claim("
     "varchar, varchar, varchar, varchar, uuid, float8, float8, float8, boolean, boolean, "
-    "boolean, varchar)",
+    "varchar)",
     "DROP FUNCTION IF EXISTS django_idempotency_record_scope_unique()",
 ]
