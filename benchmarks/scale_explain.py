@@ -84,15 +84,14 @@ def explain(url: str, count: int) -> dict[str, Any]:
             with conn.transaction():
                 (plan,) = conn.execute(EXPLAIN + claim_sql, params).fetchone()
             found["claim"].append(_totals(plan))
-            row_id, sweep_after = conn.execute(
-                "SELECT id, sweep_after FROM django_idempotency_record "
+            (row_id,) = conn.execute(
+                "SELECT id FROM django_idempotency_record "
                 "WHERE principal = %s AND endpoint = %s AND key = %s",
                 ["auth.user:1", "POST /items", key],
             ).fetchone()
             complete = {
                 "id": row_id,
                 "token": token,
-                "sweep_after": sweep_after if partitioned else None,
                 "status": 201,
                 "headers": json.dumps([["Content-Type", "application/json"]]),
                 "body": RESPONSE_BODY,

@@ -22,7 +22,6 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from django_idempotency.protocol.drf import IdempotentMixin
-from django_idempotency.store import clock
 from django_idempotency.store.sql import PG_PARTITIONED_CLAIM_SQL, complete_call_sql
 
 from .models import FloorRecord, Item
@@ -135,14 +134,13 @@ class ItemCreateSql(APIView):
                 },
             )
             row = dict(zip([c.name for c in cursor.description], cursor.fetchone(), strict=True))
-            won, record_id, sweep_after = row["won"], row["id"], row["sweep_after"]
+            won, record_id = row["won"], row["id"]
             if not won:
                 return Response(status=409)
             completion = {
                 **scope,
                 "id": record_id,
                 "token": token,
-                "sweep_after": clock.utc_from_naive(sweep_after),
                 "status": 201,
                 "headers": "[]",
                 "grace": 30.0,

@@ -12,9 +12,6 @@ checks that each variant turns its mechanism off.
 
 Names (``MECHANISMS``):
 
-* ``pruned_completion``: the completion is not given the partition key, so it plans
-  and scans every day partition: the PostgreSQL claim returns its ``Claim`` without
-  ``sweep_after``, which only the completion reads, wherever the completion lives;
 * ``cached_table_facts``: the table kind and server port are read from the catalog
   before every claim (one query more per claim): the claim's ``is_partitioned`` forgets
   the cache first;
@@ -27,7 +24,6 @@ exist: :func:`apply` sets it for the life of the process, a test passes
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -44,21 +40,6 @@ def _replace(target: Any, name: str, value: Any) -> None:
     setattr(target, name, value)
 
 
-def _pruned_completion(replace: Replace) -> None:
-    from django_idempotency.store.records.postgresql import PostgresRecords
-    from django_idempotency.store.values import Claim
-
-    original = PostgresRecords.insert
-
-    def insert(self: PostgresRecords, *args: Any, **kwargs: Any) -> Any:
-        found = original(self, *args, **kwargs)
-        if isinstance(found, Claim):
-            return dataclasses.replace(found, sweep_after=None)
-        return found
-
-    replace(PostgresRecords, "insert", insert)
-
-
 def _cached_table_facts(replace: Replace) -> None:
     from django_idempotency.store import catalog
     from django_idempotency.store.records import postgresql
@@ -73,7 +54,6 @@ def _cached_table_facts(replace: Replace) -> None:
 
 
 MECHANISMS: dict[str, Callable[[Replace], None]] = {
-    "pruned_completion": _pruned_completion,
     "cached_table_facts": _cached_table_facts,
     "nothing": lambda replace: None,
 }

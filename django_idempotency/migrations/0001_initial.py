@@ -26,28 +26,19 @@ def check_constraint(condition, name):
 # The server-side functions this migration installs (PostgreSQL), frozen.
 COMPLETE_FUNCTION = """
 CREATE OR REPLACE FUNCTION django_idempotency_complete(
-    p_id bigint, p_token uuid, p_sweep_after timestamptz, p_status integer,
-    p_headers jsonb, p_body bytea, p_grace float8, p_clock_offset float8, p_unlock bigint
+    p_id bigint, p_token uuid, p_status integer, p_headers jsonb, p_body bytea,
+    p_grace float8, p_clock_offset float8, p_unlock bigint
 ) RETURNS integer LANGUAGE plpgsql VOLATILE
 SET plan_cache_mode = force_generic_plan AS $fn$
 DECLARE
     v_now timestamptz := statement_timestamp() + p_clock_offset * interval '1 second';
     v_updated bigint;
 BEGIN
-    IF p_sweep_after IS NULL THEN  -- the plain table, or a claim that did not return it
-        UPDATE django_idempotency_record r SET state = 'completed', response_status = p_status,
-            response_headers = p_headers, response_body = p_body, completed_at = v_now,
-            lease_until = v_now,
-            expires_at = GREATEST(r.expires_at, v_now + p_grace * interval '1 second')
-        WHERE r.id = p_id AND r.owner_token = p_token AND r.state = 'claimed';
-    ELSE
-        UPDATE django_idempotency_record r SET state = 'completed', response_status = p_status,
-            response_headers = p_headers, response_body = p_body, completed_at = v_now,
-            lease_until = v_now,
-            expires_at = GREATEST(r.expires_at, v_now + p_grace * interval '1 second')
-        WHERE r.id = p_id AND r.owner_token = p_token AND r.state = 'claimed'
-          AND r.sweep_after = p_sweep_after;
-    END IF;
+    UPDATE django_idempotency_record r SET state = 'completed', response_status = p_status,
+        response_headers = p_headers, response_body = p_body, completed_at = v_now,
+        lease_until = v_now,
+        expires_at = GREATEST(r.expires_at, v_now + p_grace * interval '1 second')
+    WHERE r.id = p_id AND r.owner_token = p_token AND r.state = 'claimed';
     GET DIAGNOSTICS v_updated = ROW_COUNT;
     IF p_unlock IS NOT NULL THEN  -- after the UPDATE locked the row; kept if we raise
         PERFORM pg_advisory_unlock(p_unlock);
@@ -71,7 +62,7 @@ CREATE OR REPLACE FUNCTION django_idempotency_claim(
     recovery_point varchar, lease_remaining float8, expired boolean,
     response_status integer, response_headers jsonb, response_body bytea,
     owner_pid integer, present boolean, owner_gone boolean, ended_by_operator boolean,
-    sweep_after timestamptz, age_seconds float8, window_seconds float8
+    age_seconds float8, window_seconds float8
 ) LANGUAGE plpgsql VOLATILE AS $fn$
 #variable_conflict use_column
 DECLARE
@@ -102,7 +93,7 @@ BEGIN
             v_row.expires_at <= v_now, v_row.response_status::integer,
             v_row.response_headers, v_row.response_body, v_row.owner_pid, false,
             CASE WHEN p_test AND v_row.state = 'claimed' AND v_row.lease_until > v_now AND v_row.owner_pid IS NOT NULL AND v_row.owner_pid <> pg_backend_pid() THEN pg_try_advisory_xact_lock(hashtextextended(v_row.principal || chr(31) || v_row.endpoint || chr(31) || v_row.key, 5211797480323874816)) ELSE false END,
-            v_row.lease_until = v_row.created_at, v_row.sweep_after,
+            v_row.lease_until = v_row.created_at,
             EXTRACT(EPOCH FROM v_now - v_row.created_at)::float8,
             EXTRACT(EPOCH FROM v_row.expires_at - v_row.created_at)::float8;
         RETURN;
@@ -128,8 +119,7 @@ BEGIN
     END IF;
     RETURN QUERY SELECT true, v_id, NULL::uuid, NULL::varchar, NULL::varchar,
         ''::varchar, NULL::float8, NULL::boolean, NULL::integer, NULL::jsonb,
-        NULL::bytea, v_pid, v_pid IS NOT NULL, false, false, v_expires, NULL::float8,
-        NULL::float8;
+        NULL::bytea, v_pid, v_pid IS NOT NULL, false, false, NULL::float8, NULL::float8;
 END
 $fn$;
 """

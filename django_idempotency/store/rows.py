@@ -134,11 +134,6 @@ def fetch(scope: Scope, *, using: str | None = None) -> Existing | None:
     return existing_from_row(values)
 
 
-def utc_or_none(value: dt.datetime | None) -> dt.datetime | None:
-    """A naive UTC datetime from SQL (``... AT TIME ZONE 'UTC'``) made aware; ``None`` kept."""
-    return None if value is None else clock.utc_from_naive(value)
-
-
 def sqlstate_of(exc: BaseException | None) -> str | None:
     """The SQLSTATE of a Django database error (that of the driver's error it wraps)."""
     return getattr(getattr(exc, "__cause__", None), "sqlstate", None)

@@ -132,14 +132,12 @@ WHERE id = %(id)s AND owner_token = %(token)s AND state = 'claimed'
 
 #: Completion through ``django_idempotency_complete`` (``schema.functions``), fenced by
 #: the owner token: planned once per session, and raising when the fence matches no
-#: row (the caller turns that into ``LeaseLost``). With the partition key (the
-#: partitioned claim returns it) PostgreSQL plans and touches one day partition instead
-#: of every one. The response stays replayable for at least ``grace`` seconds (the
-#: lease) after it commits, even when the completion comes late in the window
-#: (docs/retention.md).
+#: row (the caller turns that into ``LeaseLost``). The response stays replayable for at
+#: least ``grace`` seconds (the lease) after it commits, even when the completion comes
+#: late in the window (docs/retention.md).
 _COMPLETE_CALL = (
-    "SELECT django_idempotency_complete(%(id)s, %(token)s, %(sweep_after)s, %(status)s, "
-    "%(headers)s::jsonb, %(body)s, %(grace)s, %(clock_offset)s, {unlock})"
+    "SELECT django_idempotency_complete(%(id)s, %(token)s, %(status)s, %(headers)s::jsonb, "
+    "%(body)s, %(grace)s, %(clock_offset)s, {unlock})"
 )
 
 
@@ -147,8 +145,8 @@ _COMPLETE_CALL = (
 #: for a cursor that binds them on the server, the body as a binary parameter.
 _COMPLETE_BOUND_CALL = (
     "SELECT django_idempotency_complete(%(id)s::bigint, %(token)s::uuid, "
-    "%(sweep_after)s::timestamptz, %(status)s::integer, %(headers)s::jsonb, %(body)b, "
-    "%(grace)s::float8, %(clock_offset)s::float8, {unlock})"
+    "%(status)s::integer, %(headers)s::jsonb, %(body)b, %(grace)s::float8, "
+    "%(clock_offset)s::float8, {unlock})"
 )
 
 
@@ -248,15 +246,11 @@ def pg_now() -> tuple[str, list[float]]:
     return ("(statement_timestamp() + %s * interval '1 second')", [clock.offset()])
 
 
-#: The claim on a partitioned table: one statement, one round trip. The row's partition
-#: key comes back as naive UTC (``AT TIME ZONE 'UTC'``), never as Django reads a
-#: ``timestamptz`` with ``USE_TZ = False`` (local time, ambiguous in the hour repeated
-#: when clocks go back): the completion sends it back as an exact instant.
+#: The claim on a partitioned table: one statement, one round trip.
 PG_PARTITIONED_CLAIM_SQL = """
 SELECT won, id, owner_token, state, fingerprint, recovery_point, lease_remaining,
        expired, response_status, response_headers, response_body, owner_pid, present,
-       owner_gone, ended_by_operator, sweep_after AT TIME ZONE 'UTC' AS sweep_after,
-       age_seconds, window_seconds
+       owner_gone, ended_by_operator, age_seconds, window_seconds
 FROM django_idempotency_claim(
     %(principal)s::varchar, %(endpoint)s::varchar, %(key)s::varchar,
     %(fingerprint)s::varchar, %(token)s::uuid, %(lease)s::float8,

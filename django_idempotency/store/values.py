@@ -9,7 +9,6 @@ docs/security.md.
 
 from __future__ import annotations
 
-import datetime as dt
 import uuid
 from dataclasses import dataclass
 
@@ -64,9 +63,7 @@ class Claim:
     database session holds the record's presence lock (PostgreSQL, a direct
     connection); ``by_presence``: ``taken_over`` without waiting for the lease, because
     the earlier owner's session was gone (docs/robustness.md#owner-presence).
-    ``sweep_after``: the record's partition key as an aware UTC datetime, whatever
-    ``USE_TZ`` is, when the partitioned claim returned it (the completion then touches
-    one day partition); ``None`` elsewhere. ``takeover_cause``: why the claim was taken
+    ``takeover_cause``: why the claim was taken
     over (:data:`BY_PRESENCE`, :data:`BY_LEASE` or :data:`BY_OPERATOR`), as the claim's
     statement found it; ``""`` for a claim that took over nothing.
     """
@@ -81,7 +78,6 @@ class Claim:
     lease: float = 0.0
     present: bool = False
     by_presence: bool = False
-    sweep_after: dt.datetime | None = None
     takeover_cause: str = ""
 
 

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import importlib.util
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 import pytest
 from django.db import connection, transaction
@@ -40,19 +38,6 @@ def turn_off(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     _without().apply(name, replace=monkeypatch.setattr)
 
 
-@pytest.fixture
-def sent() -> Iterator[list[tuple[str, Any]]]:
-    """Every statement the test's connection executes, with its parameters."""
-    seen: list[tuple[str, Any]] = []
-
-    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        seen.append((sql, params))
-        return execute(sql, params, many, context)
-
-    with connection.execute_wrapper(wrapper):
-        yield seen
-
-
 def first_execution() -> store.Claim:
     """A keyed first execution's store calls: the claim, then the completion in a block."""
     won = store.claim(
@@ -72,15 +57,10 @@ def catalog_reads(claims: int) -> int:
     return sum("relkind" in query["sql"] and "pg_class" in query["sql"] for query in queries)
 
 
-def params_of(sent: list[tuple[str, Any]], marker: str) -> list[dict[str, Any]]:
-    return [params for sql, params in sent if marker in sql]
-
-
 def test_every_switch_is_named_and_unknown_names_are_refused() -> None:
     """The A/B's names are the switches' names; a name that is none of them is refused."""
     without = _without()
     assert set(without.MECHANISMS) == {
-        "pruned_completion",
         "cached_table_facts",
         "nothing",
     }
@@ -108,31 +88,8 @@ def test_without_cached_table_facts_every_claim_reads_the_catalog(
 
 
 @pytest.mark.postgres
-def test_without_pruned_completion_the_completion_is_not_given_the_partition_key(
-    record_table: str, monkeypatch: pytest.MonkeyPatch, sent: list[tuple[str, Any]]
-) -> None:
-    """As shipped the completion of a claim on the partitioned table names the record's
-    partition key (there is none on the plain table); switched off, it names none, and
-    still completes the record."""
-    first_execution()
-    turn_off("pruned_completion", monkeypatch)
-    won = first_execution()
-    keys = [p["sweep_after"] for p in params_of(sent, "django_idempotency_complete(")]
-    assert len(keys) == 2
-    assert (keys[0] is not None) == (record_table == "partitioned")
-    assert keys[1] is None
-    record = store.fetch(won.scope)
-    assert record is not None and record.completed
-
-
-@pytest.mark.postgres
-def test_the_control_changes_nothing(
-    record_table: str, monkeypatch: pytest.MonkeyPatch, sent: list[tuple[str, Any]]
-) -> None:
-    """``nothing``, the A/B's control: the facts stay cached, and the completion keeps its
-    partition key."""
+def test_the_control_changes_nothing(record_table: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``nothing``, the A/B's control: the facts stay cached."""
     first_execution()
     turn_off("nothing", monkeypatch)
     assert catalog_reads(2) == 0
-    keys = [p["sweep_after"] for p in params_of(sent, "django_idempotency_complete(")]
-    assert all((key is not None) == (record_table == "partitioned") for key in keys)

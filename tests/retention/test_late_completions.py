@@ -19,6 +19,7 @@ from django.db import connection, connections, transaction
 from django_idempotency import retention, store, testing
 from django_idempotency.models import IdempotencyRecord, RecordState
 from django_idempotency.retention import sweeper
+from tests.support.factories import partition_day
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -226,8 +227,7 @@ def late_day() -> tuple[str, store.Claim, str, Any]:
 
     key = str(uuid.uuid4())
     owner = _late_claim(key)
-    assert owner.sweep_after is not None
-    name = partitions.partition_name(owner.sweep_after.date())
+    name = partitions.partition_name(partition_day(owner))
     (partition,) = [p for p in partitions.list_partitions(connection) if p.name == name]
     return key, owner, name, partition
 

@@ -1,8 +1,4 @@
-"""The completion's fence, and the transaction it commits in (docs/benchmarks.md).
-
-The completion names the record's partition key (``sweep_after``, returned by the
-partitioned claim), so PostgreSQL touches one day partition; the key is part of the
-fence.
+"""The transaction the completion commits in (docs/benchmarks.md).
 
 The completion is a fenced statement inside the view's transaction, which the app's
 block then commits: a lost lease rolls the view's writes back, and a deferred constraint
@@ -38,21 +34,6 @@ def claim(sc: store.Scope) -> store.Claim:
     won = store.claim(sc, FP, lease=30, retention=3600)
     assert isinstance(won, store.Claim)
     return won
-
-
-def test_the_completion_is_fenced_by_the_partition_key_too(record_table):
-    won = claim(scope())
-    row = IdempotencyRecord.objects.get(pk=won.record_id)
-    if record_table == "partitioned":
-        assert won.sweep_after == row.sweep_after
-        moved = dataclasses.replace(won, sweep_after=row.sweep_after.replace(year=2000))
-        with pytest.raises(exceptions.LeaseLost), transaction.atomic():
-            store.complete(moved, RESPONSE)
-    else:
-        assert won.sweep_after is None  # a plain table has one heap: nothing to prune
-    with transaction.atomic():
-        store.complete(won, RESPONSE)
-    assert IdempotencyRecord.objects.get(pk=won.record_id).state == "completed"
 
 
 # --- The completion and the view's COMMIT -------------------------------------------

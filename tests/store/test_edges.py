@@ -24,6 +24,7 @@ from django_idempotency.retention import partitions, sweeper
 from django_idempotency.store import clock
 from django_idempotency.store.schema import tables
 from tests.support.concurrency import Runner, token_client
+from tests.support.factories import partition_day
 from tests.support.testapp.gates import GATES, Gate
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.pooled]
@@ -144,17 +145,11 @@ def test_a_live_lease_holds_its_partition_past_its_day(record_table):
         assert exists(won)
         assert isinstance(claim(sc, retention_s=60), store.Existing)
     if record_table == "partitioned":
-        assert report.held == [partitions.partition_name(won_day(won))]
+        assert report.held == [partitions.partition_name(partition_day(won))]
         assert dry.held == report.held and report.held[0] not in dry.dropped
     with testing.travel(3 * DAY + 120):
         retention.sweep()
     assert not exists(won)
-
-
-def won_day(won: store.Claim) -> dt.date:
-    sweep_after = IdempotencyRecord.objects.get(pk=won.record_id).sweep_after
-    assert sweep_after is not None
-    return sweep_after.astimezone(dt.UTC).date()
 
 
 # --- a late completion stays replayable ------------------------------------------------
@@ -444,7 +439,7 @@ def test_the_sweeper_creates_every_partition_a_claim_needs(record_table):
             "SELECT tableoid::regclass::text FROM django_idempotency_record WHERE id = %s",
             [won.record_id],
         )
-        assert cursor.fetchone()[0] == partitions.partition_name(won.sweep_after.date())
+        assert cursor.fetchone()[0] == partitions.partition_name(partition_day(won))
 
 
 def test_record_migrations_pass_router_hints():

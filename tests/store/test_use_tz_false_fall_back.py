@@ -66,12 +66,8 @@ def test_use_tz_false_completion_whose_window_ends_in_the_repeated_hour() -> Non
     datetimes". Leases and retention "follow real elapsed time ... whatever USE_TZ and
     TIME_ZONE are".
 
-    The partitioned claim returns the record's partition key ``sweep_after`` and the
-    completion sends it back to prune to one partition. Read as Django reads a
-    timestamptz under USE_TZ = False (naive local time), a 02:30 in the repeated hour
-    went back as the second (CET) 02:30, an hour off, and a claim whose window (24 h)
-    ends in the first pass of that hour (00:00-01:00 UTC) was fenced off by its own
-    completion. The claim now returns it as UTC: the completion commits and replays.
+    A claim on the partitioned table whose window (24 h) ends in the first pass of that
+    hour (00:00-01:00 UTC) is completed by its own completion, and replayed.
     """
     with override_settings(USE_TZ=False, TIME_ZONE="Europe/Paris"):
         connections.close_all()
@@ -96,8 +92,7 @@ def test_use_tz_false_request_whose_window_ends_in_the_repeated_hour_end_to_end(
 
     ``POST /outcome`` (default 24 h retention) with the database clock at 00:30 UTC the
     day before Europe/Paris falls back: the first request is answered by the view
-    (200) and its Widget kept, and retries replay (they were 409 lease-lost, each
-    fenced by its own partition key read back as naive local time).
+    (200) and its Widget kept, and retries replay.
     """
     with override_settings(USE_TZ=False, TIME_ZONE="Europe/Paris"):
         connections.close_all()
@@ -120,7 +115,7 @@ def test_use_tz_false_window_ending_in_the_second_pass_of_the_repeated_hour_comp
 ) -> None:
     """The same request one hour later, its window ending in the second (CET) pass of
     the repeated hour, completes and replays (the pass PostgreSQL picks for an
-    ambiguous naive local time, so this one held before the fix too)."""
+    ambiguous naive local time)."""
     with override_settings(USE_TZ=False, TIME_ZONE="Europe/Paris"):
         connections.close_all()
         api = client_for(alice)

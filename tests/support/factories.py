@@ -3,6 +3,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import uuid
+from typing import Any
 
 import factory
 from django.contrib.auth import get_user_model
@@ -39,6 +40,13 @@ class IdempotencyRecordFactory(factory.django.DjangoModelFactory):
     created_at = factory.LazyFunction(timezone.now)
     lease_until = factory.LazyAttribute(lambda o: o.created_at + dt.timedelta(seconds=60))
     expires_at = factory.LazyAttribute(lambda o: o.created_at + dt.timedelta(days=1))
+
+
+def partition_day(claim: Any) -> dt.date:
+    """The UTC day of ``claim``'s record's partition key (``sweep_after``): its day partition."""
+    sweep_after = IdempotencyRecord.objects.get(pk=claim.record_id).sweep_after
+    assert sweep_after is not None
+    return sweep_after.astimezone(dt.UTC).date()
 
 
 def create_window_day(window: float) -> None:

@@ -26,7 +26,6 @@ from django_idempotency.store.rows import (
     pg_params,
     scope_filter,
     sqlstate_of,
-    utc_or_none,
 )
 from django_idempotency.store.sql import (
     FENCED_SQLSTATE,
@@ -64,8 +63,8 @@ class PostgresRecords(RecordStore):
     whether the owner of a claimed record is gone (``sql.owner_gone``). A new owner on
     a direct connection holds the record's presence lock (``store.presence``), which
     its completion or release drops in the same statement. The completion runs the
-    server-side function ``django_idempotency_complete`` (planned once per session),
-    given the claim's partition key; the heartbeat commits on a second connection
+    server-side function ``django_idempotency_complete`` (planned once per session); the
+    heartbeat commits on a second connection
     while the view's transaction is open.
     """
 
@@ -129,7 +128,6 @@ class PostgresRecords(RecordStore):
             self.using,
             lease=lease,
             present=bool(data["present"]),
-            sweep_after=utc_or_none(data.get("sweep_after")),
         )
         if won.present:
             presence.hold(won)
@@ -207,8 +205,6 @@ class PostgresRecords(RecordStore):
             "token": claim.owner_token,
             "grace": claim.lease,
             "clock_offset": clock.offset(),
-            # The partition key: one day partition planned and touched, not all.
-            "sweep_after": claim.sweep_after,
         }
         unlock = claim.present and presence.holds(claim)  # the lock goes in the statement
         if unlock:

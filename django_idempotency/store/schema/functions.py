@@ -104,7 +104,7 @@ CREATE OR REPLACE FUNCTION django_idempotency_claim(
     recovery_point varchar, lease_remaining float8, expired boolean,
     response_status integer, response_headers jsonb, response_body bytea,
     owner_pid integer, present boolean, owner_gone boolean, ended_by_operator boolean,
-    sweep_after timestamptz, age_seconds float8, window_seconds float8
+    age_seconds float8, window_seconds float8
 ) LANGUAGE plpgsql VOLATILE AS $fn$
 #variable_conflict use_column
 DECLARE
@@ -128,7 +128,7 @@ BEGIN{_READ_COMMITTED_ONLY}
             v_row.expires_at <= v_now, v_row.response_status::integer,
             v_row.response_headers, v_row.response_body, v_row.owner_pid, false,
             {owner_gone("v_row.", test="p_test", now="v_now")},
-            v_row.lease_until = v_row.created_at, v_row.sweep_after,
+            v_row.lease_until = v_row.created_at,
             EXTRACT(EPOCH FROM v_now - v_row.created_at)::float8,
             EXTRACT(EPOCH FROM v_row.expires_at - v_row.created_at)::float8;
         RETURN;
@@ -154,8 +154,7 @@ BEGIN{_READ_COMMITTED_ONLY}
     END IF;
     RETURN QUERY SELECT true, v_id, NULL::uuid, NULL::varchar, NULL::varchar,
         ''::varchar, NULL::float8, NULL::boolean, NULL::integer, NULL::jsonb,
-        NULL::bytea, v_pid, v_pid IS NOT NULL, false, false, v_expires, NULL::float8,
-        NULL::float8;
+        NULL::bytea, v_pid, v_pid IS NOT NULL, false, false, NULL::float8, NULL::float8;
 END
 $fn$;
 """
@@ -196,37 +195,27 @@ FOR EACH ROW EXECUTE FUNCTION django_idempotency_record_scope_unique()
 
 
 #: The fenced completion as a server-side function, on the
-#: plain and the partitioned table alike. Its statements are planned once per session
-#: (``plan_cache_mode = force_generic_plan``: the day partition is chosen when the
-#: statement starts, from ``p_sweep_after``) instead of on every call, and it raises
+#: plain and the partitioned table alike. Its statement is planned once per session
+#: (``plan_cache_mode = force_generic_plan``) instead of on every call, and it raises
 #: ``FENCED_SQLSTATE`` when the fence matches no row (a lost lease: the caller's
 #: transaction rolls back). ``p_unlock``: the presence lock to release
 #: once the row is updated (locked), or ``NULL``; it is released before the function
 #: raises too (an unlock is not undone by the rollback that follows).
 COMPLETE_FUNCTION = f"""
 CREATE OR REPLACE FUNCTION django_idempotency_complete(
-    p_id bigint, p_token uuid, p_sweep_after timestamptz, p_status integer,
-    p_headers jsonb, p_body bytea, p_grace float8, p_clock_offset float8, p_unlock bigint
+    p_id bigint, p_token uuid, p_status integer, p_headers jsonb, p_body bytea,
+    p_grace float8, p_clock_offset float8, p_unlock bigint
 ) RETURNS integer LANGUAGE plpgsql VOLATILE
 SET plan_cache_mode = force_generic_plan AS $fn$
 DECLARE
     v_now timestamptz := statement_timestamp() + p_clock_offset * interval '1 second';
     v_updated bigint;
 BEGIN
-    IF p_sweep_after IS NULL THEN  -- the plain table, or a claim that did not return it
-        UPDATE {TABLE} r SET state = 'completed', response_status = p_status,
-            response_headers = p_headers, response_body = p_body, completed_at = v_now,
-            lease_until = v_now,
-            expires_at = GREATEST(r.expires_at, v_now + p_grace * interval '1 second')
-        WHERE r.id = p_id AND r.owner_token = p_token AND r.state = 'claimed';
-    ELSE
-        UPDATE {TABLE} r SET state = 'completed', response_status = p_status,
-            response_headers = p_headers, response_body = p_body, completed_at = v_now,
-            lease_until = v_now,
-            expires_at = GREATEST(r.expires_at, v_now + p_grace * interval '1 second')
-        WHERE r.id = p_id AND r.owner_token = p_token AND r.state = 'claimed'
-          AND r.sweep_after = p_sweep_after;
-    END IF;
+    UPDATE {TABLE} r SET state = 'completed', response_status = p_status,
+        response_headers = p_headers, response_body = p_body, completed_at = v_now,
+        lease_until = v_now,
+        expires_at = GREATEST(r.expires_at, v_now + p_grace * interval '1 second')
+    WHERE r.id = p_id AND r.owner_token = p_token AND r.state = 'claimed';
     GET DIAGNOSTICS v_updated = ROW_COUNT;
     IF p_unlock IS NOT NULL THEN  -- after the UPDATE locked the row; kept if we raise
         PERFORM pg_advisory_unlock(p_unlock);
@@ -243,8 +232,7 @@ $fn$;
 
 #: What :data:`COMPLETE_FUNCTION` is called, to drop it and to find it.
 COMPLETE_SIGNATURE = (
-    "django_idempotency_complete(bigint, uuid, timestamptz, integer, jsonb, bytea, float8, "
-    "float8, bigint)"
+    "django_idempotency_complete(bigint, uuid, integer, jsonb, bytea, float8, float8, bigint)"
 )
 
 
