@@ -64,8 +64,7 @@ class PostgresRecords(RecordStore):
     a direct connection holds the record's presence lock (``store.presence``), which
     its completion or release drops in the same statement. The completion runs the
     server-side function ``django_idempotency_complete`` (planned once per session); the
-    heartbeat commits on a second connection
-    while the view's transaction is open.
+    heartbeat commits on a second connection while the view's transaction is open.
     """
 
     def insert(
