@@ -27,6 +27,7 @@ client (Linux ``/proc``), which says where the time goes when the machine is CPU
 
     python benchmarks/http_bench.py                         # both databases, ~2 min
     python benchmarks/http_bench.py --databases postgres --clients 8 --rounds 5
+    python benchmarks/http_bench.py --databases postgres --db-latency-ms 0.5  # a 1 ms round trip
 
 Database connections are persistent (``conn_max_age``, as in production) unless
 ``--conn-max-age 0``. Needs gunicorn, httpx and psycopg (the example extra).
@@ -35,6 +36,7 @@ Database connections are persistent (``conn_max_age``, as in production) unless
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -51,6 +53,8 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "example_project"))
+
+from latency_proxy import behind_proxy  # noqa: E402  (benchmarks/, this script's folder)
 
 from storm.server import (  # noqa: E402  (example_project/storm: server helpers)
     Gunicorn,
@@ -228,7 +232,16 @@ def bench_database(name: str, url: str, args: argparse.Namespace) -> list[Cell]:
     env = server_env(url, args, atomic=False)
     manage(env, "migrate", "--noinput", "-v", "0")
     manage(env, "create_demo_principals")
-    server = Gunicorn(env, workers=args.server_workers)
+    with contextlib.ExitStack() as stack:
+        if args.db_latency_ms is not None and url.startswith("postgres"):
+            # The servers' connections go through the proxy: a network between app and DB.
+            _proxy, url = behind_proxy(stack, url, args.db_latency_ms)
+        return serve_and_measure(name, url, args)
+
+
+def serve_and_measure(name: str, url: str, args: argparse.Namespace) -> list[Cell]:
+    """Start both servers on ``url`` and measure every cell."""
+    server = Gunicorn(server_env(url, args, atomic=False), workers=args.server_workers)
     atomic = Gunicorn(server_env(url, args, atomic=True), workers=args.server_workers)
     cells: list[Cell] = []
     try:
@@ -331,6 +344,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--server-workers", type=int, default=4, help="gunicorn processes")
     parser.add_argument(
         "--conn-max-age", type=int, default=600, help="seconds; 0: a new connection per request"
+    )
+    parser.add_argument(
+        "--db-latency-ms",
+        type=float,
+        default=None,
+        help="put the PostgreSQL servers' connections behind benchmarks/latency_proxy.py, "
+        "delaying each direction by this many ms (0.5: a 1 ms round trip)",
     )
     parser.add_argument("--json", type=Path, help="also write the numbers to this file")
     args = parser.parse_args(argv)

@@ -43,12 +43,17 @@ AUTH_STATEMENTS = 1  # TokenAuthentication: one SELECT of the token and its user
 
 
 def capture(
-    api: APIClient, key: str | None, *, status: int = 201, body: dict[str, Any] | None = None
+    api: APIClient,
+    key: str | None,
+    *,
+    status: int = 201,
+    body: dict[str, Any] | None = None,
+    path: str = "/optional",
 ) -> list[str]:
-    """POST /optional (Widget create + count), with ``key`` or unkeyed; its SQL."""
+    """POST ``path`` (/optional: Widget create + count), with ``key`` or unkeyed; its SQL."""
     headers = {"HTTP_IDEMPOTENCY_KEY": key} if key else {}
     with CaptureQueriesContext(connection) as ctx:
-        response = api.post("/optional", body or {}, format="json", **headers)
+        response = api.post(path, body or {}, format="json", **headers)
     assert response.status_code == status, response.content
     return [q["sql"] for q in ctx.captured_queries]
 
@@ -146,3 +151,23 @@ def test_a_reused_key_costs_what_a_replay_costs(api: APIClient) -> None:
 
     assert len(on_record_table(reused)) == 1
     assert len(reused) == AUTH_STATEMENTS + 1
+
+
+def test_a_block_around_the_views_whole_body_costs_a_savepoint_and_its_release(
+    api: APIClient, on_postgres: bool
+) -> None:
+    """The view's own ``transaction.atomic()`` is a savepoint in the app's transaction.
+
+    What docs/storage.md says a block around a keyed view's whole body costs: the
+    ``SAVEPOINT`` and its ``RELEASE SAVEPOINT``, two statements and nothing more.
+    """
+    plain = capture(api, str(uuid.uuid4()))  # /optional: no block of its own
+    blocked = capture(api, str(uuid.uuid4()), path="/tx/atomic-below")
+
+    view_transaction = control(blocked)[-4:]
+    assert view_transaction == ["BEGIN", "SAVEPOINT", "RELEASE", "COMMIT"]
+    assert "SAVEPOINT" not in control(plain)
+    # The same claim and completion around both views.
+    assert len(on_record_table(blocked)) == len(on_record_table(plain))
+    if on_postgres:
+        assert control(blocked) == view_transaction
