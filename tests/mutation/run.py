@@ -1378,6 +1378,18 @@ MUTANTS: list[Mutant] = [
         what="after a crashed claim, another body with an unrenderable Accept gets 406",
     ),
     m(
+        "CL21p",
+        "store/operators.py",
+        "        existing = replace(existing, owner_gone=_owner_gone_now(scope, using))\n",
+        "        pass\n",
+        tests=(
+            "tests/protocol/test_replay_negotiation.py::"
+            "test_no_renderer_fits_after_the_owner_is_gone_is_406_and_takes_nothing_over",
+        ),
+        backends=(PG,),
+        what="a retry that cannot run the view gets 409 for a claim whose owner is gone",
+    ),
+    m(
         "CL22",
         "protocol/execute.py",
         "        if isinstance(caller, IdempotencyContext):  # the caller's own again\n"

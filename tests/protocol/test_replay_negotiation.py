@@ -10,6 +10,7 @@ import pytest
 from django.utils import timezone
 
 from django_idempotency.models import IdempotencyRecord, RecordState
+from django_idempotency.store.sql import presence_key
 from tests.support.testapp.models import Widget
 
 pytestmark = [pytest.mark.django_db, pytest.mark.urls("tests.support.replay_app")]
@@ -112,6 +113,67 @@ def test_no_renderer_fits_while_in_flight_is_409(api, key):
         lease_until=timezone.now() + dt.timedelta(seconds=60),
     )
     response = post(api, "/x/receipt", key, {"name": "r"}, accept=UNRENDERABLE)
+    assert response.status_code == 409
+    assert json.loads(response.content)["type"].endswith("request-in-flight")
+
+
+#: A PostgreSQL backend process id no session has (``max_pid`` is far below it), so it
+#: holds no presence lock: the owner's session that recorded it is gone.
+GONE_PID = 2**31 - 1
+
+
+@pytest.mark.postgres
+def test_no_renderer_fits_after_the_owner_is_gone_is_406_and_takes_nothing_over(api, key):
+    """A claim whose lease is live but whose owner's session is gone (owner presence) is
+    one a retry of the same request takes over. A retry that cannot run the view gets
+    what a new key gets, DRF's 406, not a 409 that would repeat until the lease ends;
+    the retry that can run the view then takes the claim over."""
+    post(api, "/x/receipt", key, {"name": "r"})
+    IdempotencyRecord.objects.update(
+        state=RecordState.CLAIMED,
+        owner_token=uuid.uuid4(),
+        response_status=None,
+        lease_until=timezone.now() + dt.timedelta(seconds=60),
+        owner_pid=GONE_PID,
+    )
+    claimed = IdempotencyRecord.objects.get()
+
+    unrenderable = post(api, "/x/receipt", key, {"name": "r"}, accept=UNRENDERABLE)
+
+    assert unrenderable.status_code == 406, unrenderable.content
+    assert IdempotencyRecord.objects.get().owner_token == claimed.owner_token  # untouched
+    retry = post(api, "/x/receipt", key, {"name": "r"})
+    assert retry.status_code == 201, retry.content
+    assert IdempotencyRecord.objects.get().state == RecordState.COMPLETED
+
+
+@pytest.mark.postgres
+def test_no_renderer_fits_while_a_present_owner_runs_is_409(api, key):
+    """The owner's session holds its presence lock: the claim is in flight for every
+    retry, whatever its ``Accept``."""
+    from django.db import connection
+
+    post(api, "/x/receipt", key, {"name": "r"})
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        (own_pid,) = cursor.fetchone()
+    IdempotencyRecord.objects.update(
+        state=RecordState.CLAIMED,
+        owner_token=uuid.uuid4(),
+        response_status=None,
+        lease_until=timezone.now() + dt.timedelta(seconds=60),
+        owner_pid=own_pid,
+    )
+    record = IdempotencyRecord.objects.get()
+    scope = {"principal": record.principal, "endpoint": record.endpoint, "key": record.key}
+    with connection.cursor() as cursor:  # this session is the owner: it holds the lock
+        cursor.execute(f"SELECT pg_advisory_lock({presence_key()})", scope)
+    try:
+        response = post(api, "/x/receipt", key, {"name": "r"}, accept=UNRENDERABLE)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT pg_advisory_unlock({presence_key()})", scope)
+
     assert response.status_code == 409
     assert json.loads(response.content)["type"].endswith("request-in-flight")
 
