@@ -84,18 +84,26 @@ def test_no_renderer_fits_and_another_body_is_still_422(api, key):
     assert json.loads(response.content)["type"].endswith("key-reused")
 
 
-def test_after_a_crashed_claim_no_renderer_fits_and_another_body_is_still_422(api, key):
-    """A crashed attempt left a claim whose lease ran out. A retry with another body
-    whose ``Accept`` no renderer fits is a key reused (422), as it is with any
-    ``Accept``: only a retry of the same request could take the claim over, and that
-    one would have to run the view, so it gets DRF's 406 and claims nothing."""
+def claimed_again(api, key, *, lease_seconds: float, owner_pid: int | None = None):
+    """``key``'s completed record turned back into a claim of another owner, its lease
+    ending in ``lease_seconds`` (negative: over), its owner's session ``owner_pid``."""
     post(api, "/x/receipt", key, {"name": "r"})
     IdempotencyRecord.objects.update(
         state=RecordState.CLAIMED,
         owner_token=uuid.uuid4(),
         response_status=None,
-        lease_until=timezone.now() - dt.timedelta(seconds=60),
+        lease_until=timezone.now() + dt.timedelta(seconds=lease_seconds),
+        owner_pid=owner_pid,
     )
+    return IdempotencyRecord.objects.get()
+
+
+def test_after_a_crashed_claim_no_renderer_fits_and_another_body_is_still_422(api, key):
+    """A crashed attempt left a claim whose lease ran out. A retry with another body
+    whose ``Accept`` no renderer fits is a key reused (422), as it is with any
+    ``Accept``: only a retry of the same request could take the claim over, and that
+    one would have to run the view, so it gets DRF's 406 and claims nothing."""
+    claimed_again(api, key, lease_seconds=-60)
     other = post(api, "/x/receipt", key, {"name": "other"}, accept=UNRENDERABLE)
     assert other.status_code == 422, other.content
     assert json.loads(other.content)["type"].endswith("key-reused")
@@ -105,13 +113,7 @@ def test_after_a_crashed_claim_no_renderer_fits_and_another_body_is_still_422(ap
 
 
 def test_no_renderer_fits_while_in_flight_is_409(api, key):
-    post(api, "/x/receipt", key, {"name": "r"})
-    IdempotencyRecord.objects.update(
-        state=RecordState.CLAIMED,
-        owner_token=uuid.uuid4(),
-        response_status=None,
-        lease_until=timezone.now() + dt.timedelta(seconds=60),
-    )
+    claimed_again(api, key, lease_seconds=60)
     response = post(api, "/x/receipt", key, {"name": "r"}, accept=UNRENDERABLE)
     assert response.status_code == 409
     assert json.loads(response.content)["type"].endswith("request-in-flight")
@@ -128,15 +130,7 @@ def test_no_renderer_fits_after_the_owner_is_gone_is_406_and_takes_nothing_over(
     one a retry of the same request takes over. A retry that cannot run the view gets
     what a new key gets, DRF's 406, not a 409 that would repeat until the lease ends;
     the retry that can run the view then takes the claim over."""
-    post(api, "/x/receipt", key, {"name": "r"})
-    IdempotencyRecord.objects.update(
-        state=RecordState.CLAIMED,
-        owner_token=uuid.uuid4(),
-        response_status=None,
-        lease_until=timezone.now() + dt.timedelta(seconds=60),
-        owner_pid=GONE_PID,
-    )
-    claimed = IdempotencyRecord.objects.get()
+    claimed = claimed_again(api, key, lease_seconds=60, owner_pid=GONE_PID)
 
     unrenderable = post(api, "/x/receipt", key, {"name": "r"}, accept=UNRENDERABLE)
 
@@ -153,18 +147,10 @@ def test_no_renderer_fits_while_a_present_owner_runs_is_409(api, key):
     retry, whatever its ``Accept``."""
     from django.db import connection
 
-    post(api, "/x/receipt", key, {"name": "r"})
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid()")
         (own_pid,) = cursor.fetchone()
-    IdempotencyRecord.objects.update(
-        state=RecordState.CLAIMED,
-        owner_token=uuid.uuid4(),
-        response_status=None,
-        lease_until=timezone.now() + dt.timedelta(seconds=60),
-        owner_pid=own_pid,
-    )
-    record = IdempotencyRecord.objects.get()
+    record = claimed_again(api, key, lease_seconds=60, owner_pid=own_pid)
     scope = {"principal": record.principal, "endpoint": record.endpoint, "key": record.key}
     with connection.cursor() as cursor:  # this session is the owner: it holds the lock
         cursor.execute(f"SELECT pg_advisory_lock({presence_key()})", scope)
