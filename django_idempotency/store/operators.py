@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import replace
 from typing import Any
 
 from django.db import connections, transaction
@@ -27,7 +26,7 @@ from django_idempotency.models import IdempotencyRecord, RecordState
 from django_idempotency.store import clock, presence
 from django_idempotency.store.claims import Verdict, judge
 from django_idempotency.store.routing import record_database
-from django_idempotency.store.rows import fetch, now_value, scope_filter
+from django_idempotency.store.rows import fetch, now_value
 from django_idempotency.store.sql import TABLE, presence_key
 from django_idempotency.store.values import Existing, Scope
 
@@ -130,28 +129,18 @@ def peek(scope: Scope, fingerprint: str, *, using: str | None = None) -> Existin
         The :class:`Existing` record that stands (``claims.judge`` finds it a replay,
         a mismatch or in flight); ``None`` when a claim would own the key (no record,
         a record to reuse or to take over). Where a claim tests the owner's presence
-        (``presence.tests``), so does this: a claim whose owner's session is gone is
-        one to take over here too, though its lease is live.
+        (``presence.tests``), so does this, with the claim's own test in the same
+        statement: a claim whose owner's session is gone is one to take over here too,
+        though its lease is live.
 
     Raises:
         django.db.DatabaseError: the database failed.
     """
     using = using or record_database()
-    existing = fetch(scope, using=using)
-    if existing is None:
-        return None
-    if existing.owner_pid is not None and presence.tests(connections[using]):
-        existing = replace(existing, owner_gone=_owner_gone_now(scope, using))
-    if judge(existing, fingerprint) in (Verdict.REUSE, Verdict.TAKE_OVER):
+    existing = fetch(scope, using=using, test_presence=presence.tests(connections[using]))
+    if existing is None or judge(existing, fingerprint) in (Verdict.REUSE, Verdict.TAKE_OVER):
         return None
     return existing
-
-
-def _owner_gone_now(scope: Scope, using: str) -> bool:
-    """Whether the owner of the claim on ``scope`` held its presence lock and holds it no more."""
-    records = IdempotencyRecord.objects.using(using).filter(**scope_filter(scope))
-    gone = with_condition(records).values_list("owner_gone", flat=True).first()
-    return bool(gone)
 
 
 def _owner_gone(using: str) -> Any:

@@ -89,13 +89,20 @@ def pg_params(scope: Scope, **extra: Any) -> dict[str, Any]:
     return {**scope_filter(scope), "clock_offset": clock.offset(), **extra}
 
 
-def fetch(scope: Scope, *, using: str | None = None) -> Existing | None:
-    """Read the record for ``scope`` with one SELECT; ``None`` if there is none."""
+def fetch(
+    scope: Scope, *, using: str | None = None, test_presence: bool = False
+) -> Existing | None:
+    """Read the record for ``scope`` with one SELECT; ``None`` if there is none.
+
+    ``test_presence``: on PostgreSQL, also test whether its owner is gone, as a claim
+    does (``Existing.owner_gone``; pass ``presence.tests(connection)``). Elsewhere, and
+    without it, ``owner_gone`` is ``False``.
+    """
     using = using or record_database()
     connection = connections[using]
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
-            cursor.execute(PG_FETCH_SQL, pg_params(scope))
+            cursor.execute(PG_FETCH_SQL, pg_params(scope, test=test_presence))
             row = cursor.fetchone()
             if row is None:
                 return None

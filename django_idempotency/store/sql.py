@@ -110,12 +110,16 @@ WHERE principal = %(principal)s AND endpoint = %(endpoint)s AND key = %(key)s
   AND NOT EXISTS (SELECT 1 FROM claimed)
 """
 
-#: Read one record with its lease and expiry judged by the database's clock.
+#: Read one record with its lease and expiry judged by the database's clock, and, when
+#: ``%(test)s``, whether its owner is gone as a claim finds it (:func:`owner_gone`, the
+#: claim's own test, which takes the presence lock at transaction level as the claim's
+#: does).
 PG_FETCH_SQL = f"""
 SELECT false AS won, id, owner_token, state, fingerprint, recovery_point,
        EXTRACT(EPOCH FROM lease_until - {_NOW})::float8 AS lease_remaining,
        expires_at <= {_NOW} AS expired,
        response_status, response_headers, response_body, owner_pid,
+       {owner_gone()} AS owner_gone,
        lease_until = created_at AS ended_by_operator,
        {_AGE} AS age_seconds, {_WINDOW} AS window_seconds
 FROM {TABLE}

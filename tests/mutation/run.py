@@ -1380,8 +1380,8 @@ MUTANTS: list[Mutant] = [
     m(
         "CL21p",
         "store/operators.py",
-        "        existing = replace(existing, owner_gone=_owner_gone_now(scope, using))\n",
-        "        pass\n",
+        "fetch(scope, using=using, test_presence=presence.tests(connections[using]))",
+        "fetch(scope, using=using, test_presence=False)",
         tests=(
             "tests/protocol/test_replay_negotiation.py::"
             "test_no_renderer_fits_after_the_owner_is_gone_is_406_and_takes_nothing_over",

@@ -84,18 +84,26 @@ def test_no_renderer_fits_and_another_body_is_still_422(api, key):
     assert json.loads(response.content)["type"].endswith("key-reused")
 
 
-def claimed_again(api, key, *, lease_seconds: float, owner_pid: int | None = None):
-    """``key``'s completed record turned back into a claim of another owner, its lease
-    ending in ``lease_seconds`` (negative: over), its owner's session ``owner_pid``."""
-    post(api, "/x/receipt", key, {"name": "r"})
-    IdempotencyRecord.objects.update(
+def turn_into_claim(
+    using: str = "default", *, lease_seconds: float = 60, owner_pid: int | None = None
+) -> IdempotencyRecord:
+    """The one completed record on ``using`` turned back into a claim of another owner,
+    its lease ending in ``lease_seconds`` (negative: over), its owner's session
+    ``owner_pid``."""
+    IdempotencyRecord.objects.using(using).update(
         state=RecordState.CLAIMED,
         owner_token=uuid.uuid4(),
         response_status=None,
         lease_until=timezone.now() + dt.timedelta(seconds=lease_seconds),
         owner_pid=owner_pid,
     )
-    return IdempotencyRecord.objects.get()
+    return IdempotencyRecord.objects.using(using).get()
+
+
+def claimed_again(api, key, *, lease_seconds: float, owner_pid: int | None = None):
+    """``key`` used once on /x/receipt, its record then another owner's claim."""
+    post(api, "/x/receipt", key, {"name": "r"})
+    return turn_into_claim(lease_seconds=lease_seconds, owner_pid=owner_pid)
 
 
 def test_after_a_crashed_claim_no_renderer_fits_and_another_body_is_still_422(api, key):
